@@ -1,0 +1,27 @@
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test demo lint bench
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+test: setup
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q -ra --durations=15
+
+demo: setup
+	$(VENV)/bin/moescope generate --model synthetic:small --num-prompts 96
+
+lint: setup
+	$(PY) -m ruff check .
+
+bench: setup
+	$(PY) benchmarks/offline_throughput.py

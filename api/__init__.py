@@ -1,0 +1,1 @@
+"""moescope's serving layer and command line."""

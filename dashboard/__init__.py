@@ -1,0 +1,1 @@
+"""moescope dashboard (see DESIGN.md; filled in by its issue)."""

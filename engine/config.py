@@ -1,0 +1,161 @@
+"""Configs fixed at start (model, cache, parallel, engine) and the live `Knobs`."""
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+
+Family = Literal["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]
+QKNorm = Literal["none", "head", "full"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of a Mixtral-shaped MoE transformer (every supported family maps onto it)."""
+
+    family: Family
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    moe_intermediate_size: int
+    num_experts: int
+    top_k: int
+    norm_topk_prob: bool = True
+    shared_expert_intermediate_size: int = 0
+    qkv_bias: bool = False
+    qk_norm: QKNorm = "none"
+    clip_qkv: float | None = None
+    rms_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_model_len: int = 2048
+    tie_embeddings: bool = False
+    eos_token_ids: tuple[int, ...] = ()
+    router_skew: float = 0.0
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache sizing: `num_blocks` on the device, `num_host_blocks` for swap."""
+
+    block_size: int = 16
+    num_blocks: int = 1024
+    num_host_blocks: int = 512
+    enable_prefix_caching: bool = True
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Expert parallel size; with one process the all-to-all volume is modeled."""
+
+    ep_size: int = 1
+
+
+Batching = Literal["continuous", "static"]
+
+
+class Knobs(BaseModel):
+    """Live scheduling and capacity knobs, validated as a whole."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_num_seqs: int = Field(64, ge=1, le=4096, description="batch slots")
+    max_num_batched_tokens: int = Field(2048, ge=1, le=1 << 20, description="token budget per step")
+    prefill_chunk_size: int = Field(512, ge=0, le=1 << 20, description="0 = no chunking")
+    policy: Literal["fcfs", "priority", "shortest_first"] = "fcfs"
+    kv_capacity_blocks: int | None = Field(
+        None, ge=1, description="usable KV blocks (null = all allocated)"
+    )
+    kv_watermark: float = Field(
+        0.01, ge=0.0, le=0.5, description="fraction of usable blocks kept free before admitting"
+    )
+    preemption_mode: Literal["recompute", "swap"] = "recompute"
+    expert_capacity_factor: float | None = Field(
+        None, gt=0.0, le=64.0, description="null = dropless"
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self, info: ValidationInfo) -> "Knobs":
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
+                f"max_num_seqs ({self.max_num_seqs}) so every slot can decode one token"
+            )
+        if self.prefill_chunk_size > self.max_num_batched_tokens:
+            raise ValueError(
+                f"prefill_chunk_size ({self.prefill_chunk_size}) must not exceed "
+                f"max_num_batched_tokens ({self.max_num_batched_tokens})"
+            )
+        ctx: dict[str, Any] = info.context or {}
+        total = ctx.get("total_blocks")
+        if total is not None and self.kv_capacity_blocks is not None:
+            if self.kv_capacity_blocks > total:
+                raise ValueError(
+                    f"kv_capacity_blocks ({self.kv_capacity_blocks}) must be at most the "
+                    f"{total} blocks allocated"
+                )
+            needed = ctx.get("min_blocks", 1)
+            if self.kv_capacity_blocks < needed:
+                raise ValueError(
+                    f"kv_capacity_blocks ({self.kv_capacity_blocks}) must be at least {needed}: "
+                    "the largest live request needs that many blocks to finish"
+                )
+        max_len = ctx.get("max_model_len")
+        unchunked = self.prefill_chunk_size == 0
+        if unchunked and max_len is not None and self.max_num_batched_tokens < max_len:
+            raise ValueError(
+                f"prefill_chunk_size 0 (no chunking) needs max_num_batched_tokens "
+                f"({self.max_num_batched_tokens}) of at least max_model_len ({max_len})"
+            )
+        return self
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything fixed when an engine starts."""
+
+    model: str = "synthetic:tiny"
+    dtype: torch.dtype = torch.float32
+    device: str = "cpu"
+    seed: int = 0
+    batching: Batching = "continuous"
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    knobs: Knobs = field(default_factory=Knobs)
+    router_skew: float | None = None
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CACHE_ARGS = {"block_size": "block_size", "num_kv_blocks": "num_blocks",
+              "num_host_blocks": "num_host_blocks",
+              "enable_prefix_caching": "enable_prefix_caching"}
+
+
+def engine_config(model: str = "synthetic:tiny", **kwargs: Any) -> EngineConfig:
+    """Build an EngineConfig from flat engine arguments (vLLM style), refusing unknown ones."""
+    knob_args = {k: kwargs.pop(k) for k in list(kwargs) if k in Knobs.model_fields}
+    if "max_num_batched_tokens" in knob_args and "prefill_chunk_size" not in knob_args:
+        default_chunk = Knobs.model_fields["prefill_chunk_size"].default
+        knob_args["prefill_chunk_size"] = min(default_chunk, knob_args["max_num_batched_tokens"])
+    cache_args = {CACHE_ARGS[k]: kwargs.pop(k) for k in list(kwargs) if k in CACHE_ARGS}
+    parallel = ParallelConfig(ep_size=kwargs.pop("ep_size", 1))
+    dtype = kwargs.pop("dtype", torch.float32)
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
+        dtype = DTYPES[dtype]
+    allowed = {"device", "seed", "batching", "router_skew"}
+    unknown = sorted(set(kwargs) - allowed)
+    if unknown:
+        raise ValueError(f"unknown engine argument(s) {unknown}")
+    batching = kwargs.get("batching", "continuous")
+    if batching not in ("continuous", "static"):
+        raise ValueError(f"batching {batching!r} must be 'continuous' or 'static'")
+    cache = CacheConfig(**cache_args)
+    if cache.block_size < 1 or cache.num_blocks < 1 or cache.num_host_blocks < 0:
+        raise ValueError("block_size and num_kv_blocks must be positive, num_host_blocks >= 0")
+    return EngineConfig(model=model, dtype=dtype, cache=cache, parallel=parallel,
+                        knobs=Knobs(**knob_args), **kwargs)

@@ -1,0 +1,201 @@
+"""Paged KV cache bookkeeping: blocks, block tables, prefix caching, swap pool, capacity limit."""
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+from engine.request import Request
+
+
+class OutOfBlocks(RuntimeError):
+    """Raised when an allocation is attempted without enough usable blocks."""
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: int | None = None
+    token_ids: tuple[int, ...] = ()
+
+
+def chain_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
+    """Hash of a full block, chained on the hash of the block before it."""
+    return hash((parent, token_ids))
+
+
+class BlockManager:
+    """Allocates fixed-size KV blocks to requests and keeps full blocks for prefix reuse.
+
+    Every block is in exactly one state: used (ref_count > 0), cached (ref_count 0 but
+    holding a hashed full block, evictable in least-recently-used order) or free.
+    Allocation keeps used + cached within `usable`, evicting cached blocks when needed.
+    """
+
+    def __init__(
+        self, num_blocks: int, block_size: int, num_host_blocks: int, prefix_caching: bool = True
+    ) -> None:
+        self.block_size = block_size
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_ids: deque[int] = deque(range(num_blocks))
+        self.cached: OrderedDict[int, None] = OrderedDict()
+        self.hash_to_block: dict[int, int] = {}
+        self.host_free: deque[int] = deque(range(num_host_blocks))
+        self.prefix_caching = prefix_caching
+        self.usable = num_blocks
+        self.num_used = 0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+
+    @property
+    def total(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self.cached)
+
+    @property
+    def num_free(self) -> int:
+        return self.total - self.num_used - self.num_cached
+
+    @property
+    def num_allocatable(self) -> int:
+        """Blocks that can still be handed out (free within the usable area, or evictable)."""
+        return max(0, self.usable - self.num_used)
+
+    def set_usable(self, usable: int) -> None:
+        self.usable = usable
+        while self.num_used + self.num_cached > usable and self.cached:
+            self._evict_one()
+
+    def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
+        total = -(-(req.num_computed_tokens + num_new_tokens) // self.block_size)
+        return max(0, total - len(req.block_table))
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _block_hashes(self, req: Request, num_full: int) -> list[int]:
+        hashes = req.block_hashes
+        bs = self.block_size
+        while len(hashes) < num_full:
+            i = len(hashes)
+            parent = hashes[-1] if hashes else None
+            hashes.append(chain_hash(parent, tuple(req.all_token_ids[i * bs : (i + 1) * bs])))
+        return hashes
+
+    def prefix_match(self, req: Request) -> list[int]:
+        """Cached blocks holding the request's leading full blocks; leaves one token to compute."""
+        if not self.prefix_caching:
+            return []
+        num_full = (req.num_tokens - 1) // self.block_size
+        matched = []
+        bs = self.block_size
+        for i, h in enumerate(self._block_hashes(req, num_full)):
+            block_id = self.hash_to_block.get(h)
+            if block_id is None:
+                break
+            tokens = tuple(req.all_token_ids[i * bs : (i + 1) * bs])
+            if self.blocks[block_id].token_ids != tokens:
+                break
+            matched.append(block_id)
+        return matched
+
+    def admit(self, req: Request, matched: list[int]) -> None:
+        """Give a fresh request its prefix-cache hits; its computed tokens start after them."""
+        self.prefix_queries += req.num_tokens
+        self.prefix_hits += len(matched) * self.block_size
+        for block_id in matched:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                self.cached.pop(block_id)
+                self.num_used += 1
+            block.ref_count += 1
+        req.block_table = list(matched)
+        req.num_hashed_blocks = len(matched)
+        req.num_computed_tokens = len(matched) * self.block_size
+
+    def hit_blocks_in_use(self, matched: list[int]) -> int:
+        """How many of the matched blocks are already used (sharing them costs nothing)."""
+        return sum(1 for b in matched if self.blocks[b].ref_count > 0)
+
+    def allocate(self, req: Request, num_new_tokens: int) -> None:
+        needed = self.blocks_needed(req, num_new_tokens)
+        if needed > self.num_allocatable:
+            raise OutOfBlocks(f"need {needed} blocks, {self.num_allocatable} allocatable")
+        for _ in range(needed):
+            req.block_table.append(self._take())
+
+    def _take(self) -> int:
+        if self.free_ids and self.num_used + self.num_cached < self.usable:
+            block_id = self.free_ids.popleft()
+        elif self.cached:
+            block_id = self._evict_one(to_free=False)
+        else:
+            raise OutOfBlocks("no free or evictable block")
+        self.blocks[block_id].ref_count = 1
+        self.num_used += 1
+        return block_id
+
+    def _evict_one(self, to_free: bool = True) -> int:
+        block_id, _ = self.cached.popitem(last=False)
+        block = self.blocks[block_id]
+        del self.hash_to_block[block.hash]
+        block.hash = None
+        block.token_ids = ()
+        if to_free:
+            self.free_ids.append(block_id)
+        return block_id
+
+    def free(self, req: Request) -> None:
+        """Release a request's blocks; full hashed ones stay cached for reuse."""
+        for block_id in reversed(req.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.num_used -= 1
+                if block.hash is not None:
+                    self.cached[block_id] = None
+                else:
+                    self.free_ids.append(block_id)
+        req.block_table = []
+        req.num_hashed_blocks = 0
+        while self.num_used + self.num_cached > self.usable and self.cached:
+            self._evict_one()
+
+    def register_full_blocks(self, req: Request) -> None:
+        """Hash blocks that became full this step so later requests can reuse them."""
+        if not self.prefix_caching:
+            return
+        num_full = min(req.num_computed_tokens // self.block_size, len(req.block_table))
+        if num_full <= req.num_hashed_blocks:
+            return
+        hashes = self._block_hashes(req, num_full)
+        bs = self.block_size
+        for i in range(req.num_hashed_blocks, num_full):
+            block = self.blocks[req.block_table[i]]
+            if block.hash is None and hashes[i] not in self.hash_to_block:
+                block.hash = hashes[i]
+                block.token_ids = tuple(req.all_token_ids[i * bs : (i + 1) * bs])
+                self.hash_to_block[hashes[i]] = block.block_id
+        req.num_hashed_blocks = num_full
+
+    def can_swap_out(self, req: Request) -> bool:
+        return len(req.block_table) <= len(self.host_free)
+
+    def swap_out(self, req: Request) -> list[tuple[int, int]]:
+        """Move a request's blocks to the host pool; returns (device, host) copies to make."""
+        host = [self.host_free.popleft() for _ in req.block_table]
+        pairs = list(zip(req.block_table, host, strict=True))
+        self.free(req)
+        req.host_blocks = host
+        return pairs
+
+    def swap_in(self, req: Request) -> list[tuple[int, int]]:
+        """Bring a swapped request back; returns (host, device) copies to make."""
+        device = [self._take() for _ in req.host_blocks]
+        pairs = list(zip(req.host_blocks, device, strict=True))
+        self.host_free.extend(req.host_blocks)
+        req.host_blocks = []
+        req.block_table = device
+        return pairs

@@ -1,0 +1,61 @@
+"""Grouped-query attention over the paged KV cache for a flat batch of prefill and decode rows."""
+
+import torch
+from torch import nn
+
+from engine.config import ModelConfig
+from engine.model.context import ForwardContext
+from engine.model.layers import RMSNorm, Rotary
+from kernels import decode_attention, prefill_attention, write_kv
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, rotary: Rotary) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        )
+        q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, q_dim, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(q_dim, cfg.hidden_size, bias=False)
+        self.qk_norm = cfg.qk_norm
+        if cfg.qk_norm != "none":
+            full = cfg.qk_norm == "full"
+            self.q_norm = RMSNorm(q_dim if full else cfg.head_dim, cfg.rms_eps)
+            self.k_norm = RMSNorm(kv_dim if full else cfg.head_dim, cfg.rms_eps)
+        self.clip_qkv = cfg.clip_qkv
+        self.rotary = rotary
+        self.scale = cfg.head_dim**-0.5
+        self.k_cache = torch.empty(0)
+        self.v_cache = torch.empty(0)
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.clip_qkv is not None:
+            q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
+        if self.qk_norm == "full":
+            q, k = self.q_norm(q), self.k_norm(k)
+        shape = (x.shape[0], -1, self.head_dim)
+        q, k, v = q.view(shape), k.view(shape), v.view(shape)
+        if self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q, k, v
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        q, k, v = self._qkv(x)
+        q, k = self.rotary(positions, q, k)
+        write_kv(self.k_cache, self.v_cache, k, v, ctx.slot_mapping)
+        out = torch.empty_like(q)
+        if ctx.decode_rows.numel():
+            out[ctx.decode_rows] = decode_attention(
+                q[ctx.decode_rows], self.k_cache, self.v_cache,
+                ctx.decode_block_tables, ctx.decode_ctx_lens, self.scale,
+            )
+        for p in ctx.prefills:
+            rows = slice(p.q_start, p.q_start + p.q_len)
+            out[rows] = prefill_attention(
+                q[rows], self.k_cache, self.v_cache, p.block_table, p.ctx_len, self.scale
+            )
+        return self.o_proj(out.flatten(1))

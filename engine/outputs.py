@@ -1,0 +1,27 @@
+"""What the engine hands back for a request: tokens, text, finish reason and timings."""
+
+from dataclasses import dataclass, field
+
+
+def tpot(token_times: list[float]) -> float | None:
+    """Mean time per output token after the first."""
+    t = token_times
+    return (t[-1] - t[0]) / (len(t) - 1) if len(t) > 1 else None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None
+    ttft_s: float | None
+    token_times_s: list[float] = field(default_factory=list)
+    logprobs: list[dict[int, float]] | None = None
+    num_preemptions: int = 0
+
+    @property
+    def tpot_s(self) -> float | None:
+        return tpot(self.token_times_s)

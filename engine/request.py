@@ -1,0 +1,76 @@
+"""A request's life in the engine: its tokens, progress, KV blocks and timings."""
+
+import enum
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from engine.sampling_params import SamplingParams
+
+_ids = itertools.count()
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    """One sequence: prompt plus generated tokens, computed-token progress and block table."""
+
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    request_id: str = ""
+    arrival: float = field(default_factory=time.time)
+    status: Status = Status.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    num_hashed_blocks: int = 0
+    block_hashes: list[int] = field(default_factory=list)
+    host_blocks: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    token_times: list[float] = field(default_factory=list)
+    logprobs: list[dict[int, float]] = field(default_factory=list)
+    num_preemptions: int = 0
+    slot: int | None = None
+    seq: int = field(default_factory=lambda: next(_ids))
+    all_token_ids: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.request_id:
+            self.request_id = f"req-{self.seq}"
+        self.all_token_ids = list(self.prompt_token_ids)
+
+    def append_token(self, token_id: int, now: float) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+        self.token_times.append(now)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_pending_tokens(self) -> int:
+        """Tokens whose KV is not computed yet."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_pending_tokens > 1 or not self.output_token_ids
+
+    @property
+    def max_total_tokens(self) -> int:
+        return self.num_prompt_tokens + self.params.max_tokens
+
+    @property
+    def ttft_s(self) -> float | None:
+        return self.token_times[0] - self.arrival if self.token_times else None

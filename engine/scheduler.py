@@ -1,0 +1,240 @@
+"""Iteration-level scheduler: picks each step's requests and token counts under the knobs."""
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.config import Batching, Knobs
+from engine.kv_cache import BlockManager
+from engine.request import Request, Status
+
+
+@dataclass
+class ScheduledChunk:
+    """`num_tokens` tokens of `req` starting at position `start`; `sample` when it ends them."""
+
+    req: Request
+    start: int
+    num_tokens: int
+    is_prefill: bool
+
+    @property
+    def sample(self) -> bool:
+        return self.start + self.num_tokens == self.req.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    """What one step runs: the chunks (decodes first), preemptions and KV swaps."""
+
+    step: int
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
+    admitted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks if c.is_prefill)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks if not c.is_prefill)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+
+class Scheduler:
+    """Holds the waiting, running and swapped queues and forms one batch per step."""
+
+    def __init__(self, blocks: BlockManager, knobs: Knobs, batching: Batching) -> None:
+        self.blocks = blocks
+        self.knobs = knobs
+        self.batching = batching
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.swapped: deque[Request] = deque()
+        self.free_slots: list[int] = []
+        self.next_slot = 0
+        self.step_count = 0
+
+    def policy_key(self, req: Request) -> tuple[int, ...]:
+        """Lower keys run first; the running request with the highest key is preempted first."""
+        if self.knobs.policy == "priority":
+            return (req.params.priority, req.seq)
+        if self.knobs.policy == "shortest_first":
+            return (req.num_prompt_tokens, req.seq)
+        return (req.seq,)
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running) + len(self.swapped)
+
+    def _chunk_len(self, req: Request, budget: int) -> int:
+        if not req.in_prefill:
+            return 1 if budget >= 1 else 0
+        return self._prefill_len(req.num_pending_tokens, budget)
+
+    def _prefill_len(self, pending: int, budget: int) -> int:
+        """Tokens of a prefill to run now: one chunk, or all of it when chunking is off."""
+        chunk = self.knobs.prefill_chunk_size
+        if chunk == 0:
+            return pending if pending <= budget else 0
+        return min(pending, chunk, budget)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput(step=self.step_count)
+        self.step_count += 1
+        self._shrink_to_capacity(out)
+        budget = self._schedule_running(out, self.knobs.max_num_batched_tokens)
+        if not out.preempted:
+            budget = self._schedule_swapped(out, budget)
+        if not out.preempted and not self.swapped:
+            self._schedule_waiting(out, budget)
+        return out
+
+    def _shrink_to_capacity(self, out: SchedulerOutput) -> None:
+        while self.blocks.num_used > self.blocks.usable and self.running:
+            self._preempt(max(self.running, key=self.policy_key), out)
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        static_prefilling = self.batching == "static" and any(r.in_prefill for r in self.running)
+        order = sorted(self.running, key=lambda r: (r.in_prefill, self.policy_key(r)))
+        scheduled: set[int] = set()
+        for req in order:
+            if req.status is not Status.RUNNING or len(scheduled) >= self.knobs.max_num_seqs:
+                continue
+            if static_prefilling and not req.in_prefill:
+                continue
+            n = self._chunk_len(req, budget)
+            if n == 0:
+                continue
+            if not self._make_room(req, n, scheduled, out):
+                continue
+            self.blocks.allocate(req, n)
+            out.chunks.append(ScheduledChunk(req, req.num_computed_tokens, n, req.in_prefill))
+            scheduled.add(req.seq)
+            budget -= n
+        return budget
+
+    def _make_room(
+        self, req: Request, n: int, scheduled: set[int], out: SchedulerOutput
+    ) -> bool:
+        """Preempt lowest-priority unscheduled running requests until `req` can grow by n."""
+        while self.blocks.blocks_needed(req, n) > self.blocks.num_allocatable:
+            candidates = [r for r in self.running if r.seq not in scheduled]
+            victim = max(candidates, key=self.policy_key)
+            self._preempt(victim, out)
+            if victim is req:
+                return False
+        return True
+
+    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        self.running.remove(req)
+        self._release_slot(req)
+        req.num_preemptions += 1
+        out.preempted.append(req)
+        if self.knobs.preemption_mode == "swap" and self.blocks.can_swap_out(req):
+            out.swap_out.extend(self.blocks.swap_out(req))
+            req.status = Status.SWAPPED
+            self.swapped.append(req)
+            return
+        self.blocks.free(req)
+        req.num_computed_tokens = 0
+        req.status = Status.WAITING
+        self.waiting.appendleft(req)
+
+    def _watermark(self) -> int:
+        if not self.running:
+            return 0
+        return int(self.knobs.kv_watermark * self.blocks.usable)
+
+    def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
+        while self.swapped and len(self.running) < self.knobs.max_num_seqs:
+            req = self.swapped[0]
+            n = self._chunk_len(req, budget)
+            needed = max(
+                len(req.host_blocks), self.blocks.blocks_for(req.num_computed_tokens + n)
+            )
+            if n == 0 or needed > self.blocks.num_allocatable - self._watermark():
+                break
+            self.swapped.popleft()
+            out.swap_in.extend(self.blocks.swap_in(req))
+            self.blocks.allocate(req, n)
+            self._run(req)
+            out.chunks.append(ScheduledChunk(req, req.num_computed_tokens, n, req.in_prefill))
+            budget -= n
+        return budget
+
+    def _waiting_order(self) -> list[Request]:
+        if self.knobs.policy == "fcfs":
+            return list(self.waiting)
+        return heapq.nsmallest(len(self.waiting), self.waiting, key=self.policy_key)
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        static = self.batching == "static"
+        if static and self.running:
+            return
+        reserved = 0
+        for req in self._waiting_order():
+            if len(self.running) >= self.knobs.max_num_seqs:
+                break
+            matched = self.blocks.prefix_match(req)
+            hit_tokens = len(matched) * self.blocks.block_size
+            pending = req.num_tokens - hit_tokens
+            n = self._prefill_len(pending, budget)
+            if n == 0 and not static:
+                break
+            cost = len(matched) - self.blocks.hit_blocks_in_use(matched)
+            if static:
+                cost += self.blocks.blocks_for(req.num_tokens) - len(matched)
+            else:
+                cost += self.blocks.blocks_for(hit_tokens + n) - len(matched)
+            if reserved + cost > self.blocks.num_allocatable - self._watermark():
+                break
+            before = self.blocks.num_allocatable
+            self.waiting.remove(req)
+            self.blocks.admit(req, matched)
+            self._run(req)
+            out.admitted.append(req)
+            if n:
+                self.blocks.allocate(req, n)
+                out.chunks.append(ScheduledChunk(req, req.num_computed_tokens, n, True))
+                budget -= n
+            if static:
+                reserved += cost - (before - self.blocks.num_allocatable)
+
+    def _run(self, req: Request) -> None:
+        req.status = Status.RUNNING
+        req.slot = heapq.heappop(self.free_slots) if self.free_slots else self._new_slot()
+        self.running.append(req)
+
+    def _new_slot(self) -> int:
+        self.next_slot += 1
+        return self.next_slot - 1
+
+    def _release_slot(self, req: Request) -> None:
+        if req.slot is not None:
+            heapq.heappush(self.free_slots, req.slot)
+            req.slot = None
+
+    def finish(self, req: Request, reason: str) -> None:
+        """Remove a request from whatever queue holds it and free its blocks."""
+        if req.status is Status.RUNNING:
+            self.running.remove(req)
+            self._release_slot(req)
+            self.blocks.free(req)
+        elif req.status is Status.SWAPPED:
+            self.swapped.remove(req)
+            self.blocks.host_free.extend(req.host_blocks)
+            req.host_blocks = []
+        elif req.status is Status.WAITING:
+            self.waiting.remove(req)
+        req.status = Status.FINISHED
+        req.finish_reason = reason

@@ -1,0 +1,102 @@
+"""StepTelemetry: the one record each step publishes (field names are a contract, see DESIGN.md)."""
+
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+TELEMETRY_VERSION = 1
+
+
+class Durations(BaseModel):
+    schedule: float
+    prepare: float
+    forward: float
+    moe: float
+    sample: float
+    total: float
+
+
+class Slot(BaseModel):
+    slot: int
+    req: str
+    phase: Literal["prefill", "decode"]
+    tokens: int
+    ctx: int
+
+
+class BatchInfo(BaseModel):
+    max_slots: int
+    token_budget: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    slots: list[Slot]
+
+
+class QueueInfo(BaseModel):
+    """Queue lengths after the step, and what arrived, finished or was preempted during it."""
+
+    waiting: int
+    running: int
+    swapped: int
+    arrived: int
+    finished: int
+    preempted: int
+
+
+class KVInfo(BaseModel):
+    block_size: int
+    total: int
+    usable: int
+    used: int
+    cached: int
+    free: int
+    tokens: int
+    watermark_blocks: int
+    host_total: int
+    host_used: int
+    prefix_hit_rate: float
+
+
+class ExpertInfo(BaseModel):
+    layers: int
+    experts: int
+    top_k: int
+    counts: list[list[int]]
+    dropped: list[int]
+    balance: list[float]
+
+
+class A2AInfo(BaseModel):
+    ep_size: int
+    mode: Literal["measured", "modeled"]
+    bytes: list[list[int]]
+
+
+class LatencyInfo(BaseModel):
+    ttft_ms: list[float]
+    tpot_ms: list[float]
+
+
+class KnobChange(BaseModel):
+    """One applied knob change: version, when, who, and {field: [old, new]}."""
+
+    version: int
+    t: float
+    origin: str
+    changes: dict[str, list[Any]]
+
+
+class StepTelemetry(BaseModel):
+    v: int = TELEMETRY_VERSION
+    session: str
+    step: int
+    t: float
+    knobs_version: int
+    dur_ms: Durations
+    batch: BatchInfo
+    queue: QueueInfo
+    kv: KVInfo
+    experts: ExpertInfo
+    a2a: A2AInfo
+    latency: LatencyInfo
+    knob_changes: list[KnobChange] = []

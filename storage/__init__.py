@@ -1,0 +1,1 @@
+"""moescope storage (see DESIGN.md; filled in by its issue)."""

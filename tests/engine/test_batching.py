@@ -1,0 +1,174 @@
+"""Greedy output under continuous batching equals each request run alone."""
+
+import random
+
+import pytest
+
+from engine import LLMEngine, SamplingParams
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+
+
+def _prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    shared = [rng.randrange(256) for _ in range(9)]
+    out = []
+    for i in range(n):
+        tail = [rng.randrange(256) for _ in range(rng.randrange(1, 30))]
+        out.append(shared + tail if i % 2 else tail)
+    return out
+
+
+def _alone(prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+    engine = LLMEngine(model="synthetic:tiny", num_kv_blocks=256, block_size=4)
+    results = []
+    for p in prompts:
+        rid = engine.add_request(p, params)
+        tokens: list[int] = []
+        while engine.has_unfinished():
+            for out in engine.step().outputs:
+                if out.request_id == rid and out.finished:
+                    tokens = out.token_ids
+        results.append(tokens)
+    return results
+
+
+def _run(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams,
+         per_step: int = 3) -> tuple[list[list[int]], list[dict]]:
+    """Add `per_step` requests before each step (staggered arrivals) and run to the end."""
+    ids: list[str] = []
+    done: dict[str, list[int]] = {}
+    telemetry = []
+    pending = list(prompts)
+    while pending or engine.has_unfinished():
+        for p in pending[:per_step]:
+            ids.append(engine.add_request(p, params))
+        pending = pending[per_step:]
+        result = engine.step()
+        telemetry.append(result.telemetry.model_dump())
+        for out in result.outputs:
+            if out.finished:
+                done[out.request_id] = out.token_ids
+    return [done[i] for i in ids], telemetry
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    return _prompts(14)
+
+
+@pytest.fixture(scope="module")
+def expected(prompts: list[list[int]]) -> list[list[int]]:
+    return _alone(prompts, GREEDY)
+
+
+def test_roomy_cache_with_chunked_prefill_and_prefix_hits(prompts, expected) -> None:
+    engine = LLMEngine(model="synthetic:tiny", num_kv_blocks=256, block_size=4,
+                       prefill_chunk_size=7, max_num_batched_tokens=24, max_num_seqs=6)
+    got, tele = _run(engine, prompts, GREEDY)
+    assert got == expected
+    assert any(t["batch"]["num_prefill_tokens"] and t["batch"]["num_decode_tokens"] for t in tele)
+    assert engine.blocks.prefix_hits > 0
+    assert engine.blocks.num_used == 0
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_tiny_pool_forces_preemption(prompts, expected, mode: str) -> None:
+    engine = LLMEngine(model="synthetic:tiny", num_kv_blocks=14, block_size=4,
+                       num_host_blocks=64, preemption_mode=mode, prefill_chunk_size=8,
+                       max_num_batched_tokens=32, max_num_seqs=8)
+    got, tele = _run(engine, prompts, GREEDY)
+    assert got == expected
+    assert sum(t["queue"]["preempted"] for t in tele) > 0
+    if mode == "swap":
+        assert any(t["queue"]["swapped"] for t in tele)
+    assert engine.blocks.num_used == 0
+    assert len(engine.blocks.host_free) == 64
+
+
+def test_swap_falls_back_to_recompute_without_host_space(prompts, expected) -> None:
+    engine = LLMEngine(model="synthetic:tiny", num_kv_blocks=14, block_size=4,
+                       num_host_blocks=0, preemption_mode="swap", max_num_seqs=8,
+                       max_num_batched_tokens=32)
+    got, tele = _run(engine, prompts, GREEDY)
+    assert got == expected
+    assert sum(t["queue"]["preempted"] for t in tele) > 0
+
+
+@pytest.mark.parametrize("policy", ["priority", "shortest_first"])
+def test_policies_keep_outputs(prompts, expected, policy: str) -> None:
+    engine = LLMEngine(model="synthetic:tiny", num_kv_blocks=20, block_size=4, policy=policy,
+                       max_num_seqs=4, max_num_batched_tokens=16, prefill_chunk_size=16)
+    got, _ = _run(engine, prompts, GREEDY)
+    assert got == expected
+
+
+def test_static_batching_holds_slots_until_the_batch_ends(prompts, expected) -> None:
+    engine = LLMEngine(model="synthetic:tiny", num_kv_blocks=256, block_size=4,
+                       batching="static", max_num_seqs=4)
+    params = [SamplingParams(max_tokens=3 + 3 * (i % 4), temperature=0.0, ignore_eos=True)
+              for i in range(8)]
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts[:8], params, strict=True)]
+    members: list[set[str]] = []
+    while engine.has_unfinished():
+        slots = {s["req"] for s in engine.step().telemetry.model_dump()["batch"]["slots"]}
+        if slots and (not members or not slots <= members[-1]):
+            members.append(slots)
+    assert members == [set(ids[:4]), set(ids[4:])]
+
+
+def test_continuous_batch_refills_freed_slots(prompts) -> None:
+    engine = LLMEngine(model="synthetic:tiny", num_kv_blocks=256, block_size=4, max_num_seqs=4)
+    for i, p in enumerate(prompts[:8]):
+        engine.add_request(p, SamplingParams(max_tokens=2 + 4 * (i % 2), temperature=0.0,
+                                             ignore_eos=True))
+    live, occupancy, expected = 8, [], []
+    while engine.has_unfinished():
+        tele = engine.step().telemetry
+        occupancy.append(len(tele.batch.slots))
+        expected.append(min(4, live))
+        live = tele.queue.waiting + tele.queue.running
+    assert occupancy == expected
+    assert occupancy.count(4) >= 6
+
+
+def test_abort_frees_blocks_within_the_step() -> None:
+    engine = LLMEngine(model="synthetic:tiny", num_kv_blocks=64, block_size=4)
+    rid = engine.add_request(list(range(40)), SamplingParams(max_tokens=50, ignore_eos=True))
+    engine.step()
+    assert engine.blocks.num_used > 0
+    assert engine.abort(rid)
+    assert engine.blocks.num_used == 0
+    assert not engine.abort(rid)
+    assert not engine.has_unfinished()
+
+
+def test_bad_requests_are_refused_before_state_changes() -> None:
+    engine = LLMEngine(model="synthetic:tiny", num_kv_blocks=8, block_size=4)
+    cases = [
+        ([], "empty"),
+        ([1] * 1024, "max_model_len"),
+        ([1] * 10, "KV blocks"),
+        ([99999], "vocabulary"),
+    ]
+    for prompt, words in cases:
+        with pytest.raises(ValueError, match=words):
+            engine.add_request(prompt, SamplingParams(max_tokens=40))
+    assert not engine.has_unfinished()
+    with pytest.raises(ValueError, match="max_tokens"):
+        SamplingParams(max_tokens=0)
+    engine.add_request([1, 2], request_id="a")
+    with pytest.raises(ValueError, match="already in use"):
+        engine.add_request([1, 2], request_id="a")
+
+
+@pytest.mark.parametrize("args, words", [
+    ({"model": "synthetic:nope"}, "unknown synthetic preset"),
+    ({"model": "/no/such/dir"}, "unknown model"),
+    ({"model": "synthetic:tiny", "dtype": "int8"}, "dtype"),
+    ({"model": "synthetic:tiny", "bogus": 1}, "bogus"),
+    ({"model": "synthetic:tiny", "ep_size": 3}, "ep_size"),
+])
+def test_bad_engine_arguments(args: dict, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        LLMEngine(**args)
