@@ -27,6 +27,7 @@ class ModelConfig:
     norm_topk_prob: bool = True
     shared_expert_intermediate_size: int = 0
     qkv_bias: bool = False
+    o_proj_bias: bool = False
     qk_norm: QKNorm = "none"
     clip_qkv: float | None = None
     rms_eps: float = 1e-5

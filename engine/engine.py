@@ -64,7 +64,7 @@ class LLMEngine:
         self.knobs_version = 1
         self.applied_knobs_version = 1
         self.knob_changes: list[KnobChange] = []
-        self._pending_knobs: tuple[Knobs, KnobChange] | None = None
+        self._pending_knobs: list[tuple[Knobs, KnobChange]] = []
         self._knob_lock = threading.Lock()
         self._arrived = 0
 
@@ -79,8 +79,7 @@ class LLMEngine:
     ) -> str:
         """Queue a request; raises ValueError naming the problem before any state changes."""
         params = params or SamplingParams()
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        self._check_prompt(ids, params)
+        ids = self.check_request(prompt, params)
         if request_id is not None and request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         req = Request(ids, params, request_id or "", arrival or time.time())
@@ -89,7 +88,9 @@ class LLMEngine:
         self._arrived += 1
         return req.request_id
 
-    def _check_prompt(self, ids: list[int], params: SamplingParams) -> None:
+    def check_request(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
+        """Tokenize and validate a request without queueing it; returns its token ids."""
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         cfg = self.model_config
         if not ids:
             raise ValueError("prompt is empty")
@@ -104,11 +105,19 @@ class LLMEngine:
                 f"{cfg.max_model_len}, leaving no room to generate"
             )
         need = self.blocks.blocks_for(min(len(ids) + params.max_tokens, cfg.max_model_len))
-        if need > self.blocks.usable:
+        usable = self._usable_after_pending()
+        if need > usable:
             raise ValueError(
                 f"prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) needs {need} "
-                f"KV blocks but the cache has {self.blocks.usable} usable blocks"
+                f"KV blocks but the cache has {usable} usable blocks"
             )
+        return ids
+
+    def _usable_after_pending(self) -> int:
+        """Usable KV blocks once every accepted knob change has applied."""
+        with self._knob_lock:
+            knobs = self._pending_knobs[-1][0] if self._pending_knobs else self.knobs
+        return knobs.kv_capacity_blocks or self.blocks.total
 
     def abort(self, request_id: str) -> bool:
         """Stop a request and free its KV blocks; False if it is unknown or already done."""
@@ -142,28 +151,29 @@ class LLMEngine:
         naming the field when the result would be invalid or inconsistent.
         """
         with self._knob_lock:
-            base = self._pending_knobs[0] if self._pending_knobs else self.knobs
+            base = self._pending_knobs[-1][0] if self._pending_knobs else self.knobs
             new = self._validate_knobs({**base.model_dump(), **changes})
             old = base.model_dump()
             diff = {k: [old[k], v] for k, v in new.model_dump().items() if old[k] != v}
             self.knobs_version += 1
             change = KnobChange(version=self.knobs_version, t=time.time(), origin=origin,
                                 changes=diff)
-            self._pending_knobs = (new, change)
+            self._pending_knobs.append((new, change))
             return self.knobs_version
 
     def _apply_knobs(self) -> list[KnobChange]:
         with self._knob_lock:
-            if self._pending_knobs is None:
-                return []
-            knobs, change = self._pending_knobs
-            self._pending_knobs = None
+            pending, self._pending_knobs = self._pending_knobs, []
+        if not pending:
+            return []
+        knobs, last = pending[-1]
         self.knobs = knobs
-        self.applied_knobs_version = change.version
+        self.applied_knobs_version = last.version
         self.scheduler.knobs = knobs
         self.blocks.set_usable(knobs.kv_capacity_blocks or self.blocks.total)
-        self.knob_changes.append(change)
-        return [change]
+        changes = [change for _, change in pending]
+        self.knob_changes.extend(changes)
+        return changes
 
     # the step
 
@@ -265,8 +275,7 @@ class LLMEngine:
                 token_budget=self.knobs.max_num_batched_tokens,
                 num_prefill_tokens=sched.num_prefill_tokens,
                 num_decode_tokens=sched.num_decode_tokens,
-                slots=[Slot(slot=c.req.slot if c.req.slot is not None else -1,
-                            req=c.req.request_id,
+                slots=[Slot(slot=c.slot, req=c.req.request_id,
                             phase="prefill" if c.is_prefill else "decode",
                             tokens=c.num_tokens, ctx=c.start + c.num_tokens)
                        for c in sched.chunks],
@@ -291,12 +300,19 @@ class LLMEngine:
         return KVInfo(
             block_size=b.block_size, total=b.total, usable=b.usable, used=b.num_used,
             cached=b.num_cached, free=b.num_free,
-            tokens=sum(r.num_computed_tokens for r in self.scheduler.running),
+            tokens=self._filled_kv_tokens(),
             watermark_blocks=int(self.knobs.kv_watermark * b.usable),
             host_total=self.config.cache.num_host_blocks,
             host_used=self.config.cache.num_host_blocks - len(b.host_free),
             prefix_hit_rate=round(b.prefix_hits / queries, 4) if queries else 0.0,
         )
+
+    def _filled_kv_tokens(self) -> int:
+        """Token slots filled in used blocks; shared prefix blocks are full and count once."""
+        bs = self.blocks.block_size
+        partial = [r.num_computed_tokens % bs for r in self.scheduler.running
+                   if r.num_computed_tokens % bs]
+        return (self.blocks.num_used - len(partial)) * bs + sum(partial)
 
     def _expert_info(self, result: ForwardResult | None) -> ExpertInfo:
         cfg = self.model_config

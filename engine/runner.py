@@ -5,10 +5,17 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import CacheConfig
-from engine.model.context import ForwardContext, PrefillSeq
+from engine.model.context import DecodeGroup, ForwardContext, PrefillSeq
 from engine.model.transformer import MoETransformer
 from engine.parallel import Placement
 from engine.scheduler import SchedulerOutput
+
+DECODE_GROUP = 16
+
+
+def _columns(pairs: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    cols = torch.tensor(pairs, dtype=torch.long).view(-1, 2)
+    return cols[:, 0], cols[:, 1]
 
 
 @dataclass
@@ -43,13 +50,15 @@ class ModelRunner:
 
     def swap(self, out: SchedulerOutput) -> None:
         """Copy swapped-out blocks to the host pool, then swapped-in blocks back."""
+        if not out.swap_out and not out.swap_in:
+            return
+        out_dev, out_host = _columns(out.swap_out)
+        in_host, in_dev = _columns(out.swap_in)
         for i, layer in enumerate(self.model.layers):
             attn = layer.self_attn
             for j, cache in enumerate((attn.k_cache, attn.v_cache)):
-                for dev, host in out.swap_out:
-                    self.host_cache[i, j, host].copy_(cache[dev])
-                for host, dev in out.swap_in:
-                    cache[dev].copy_(self.host_cache[i, j, host])
+                self.host_cache[i, j, out_host] = cache[out_dev.to(cache.device)].cpu()
+                cache[in_dev.to(cache.device)] = self.host_cache[i, j, in_host].to(cache.device)
 
     def prepare(
         self, out: SchedulerOutput, capacity_factor: float | None, placement: Placement
@@ -59,9 +68,7 @@ class ModelRunner:
         positions: list[int] = []
         slots: list[int] = []
         prefills: list[PrefillSeq] = []
-        decode_rows: list[int] = []
-        decode_tables: list[list[int]] = []
-        decode_lens: list[int] = []
+        decodes: list[tuple[int, int, list[int]]] = []
         sample_rows: list[int] = []
         for chunk in out.chunks:
             req, start, n = chunk.req, chunk.start, chunk.num_tokens
@@ -73,25 +80,17 @@ class ModelRunner:
             slots.extend(table[p // bs] * bs + p % bs for p in pos)
             ctx_len = start + n
             if n == 1 and start > 0:
-                decode_rows.append(row)
-                decode_tables.append(table[: -(-ctx_len // bs)])
-                decode_lens.append(ctx_len)
+                decodes.append((ctx_len, row, table[: -(-ctx_len // bs)]))
             else:
                 blocks = torch.tensor(table[: -(-ctx_len // bs)], device=self.device)
                 prefills.append(PrefillSeq(row, n, ctx_len, blocks))
             if chunk.sample:
                 sample_rows.append(row + n - 1)
-        width = max((len(t) for t in decode_tables), default=0)
-        padded = [t + [0] * (width - len(t)) for t in decode_tables]
         dev = self.device
         ctx = ForwardContext(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             prefills=prefills,
-            decode_rows=torch.tensor(decode_rows, dtype=torch.long, device=dev),
-            decode_block_tables=torch.tensor(padded, dtype=torch.long, device=dev).view(
-                len(padded), width
-            ),
-            decode_ctx_lens=torch.tensor(decode_lens, dtype=torch.long, device=dev),
+            decodes=self._decode_groups(decodes),
             token_rank=placement.token_ranks(len(ids)).to(dev),
             ep_size=placement.ep_size,
             expert_capacity_factor=capacity_factor,
@@ -102,6 +101,21 @@ class ModelRunner:
             ctx=ctx,
             sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=dev),
         )
+
+    def _decode_groups(self, decodes: list[tuple[int, int, list[int]]]) -> list[DecodeGroup]:
+        """Sort decode rows by context length and batch neighbours, so padding stays small."""
+        decodes.sort()
+        groups = []
+        for i in range(0, len(decodes), DECODE_GROUP):
+            part = decodes[i : i + DECODE_GROUP]
+            width = len(part[-1][2])
+            tables = [t + [0] * (width - len(t)) for _, _, t in part]
+            groups.append(DecodeGroup(
+                rows=torch.tensor([r for _, r, _ in part], device=self.device),
+                block_tables=torch.tensor(tables, device=self.device),
+                ctx_lens=torch.tensor([c for c, _, _ in part], device=self.device),
+            ))
+        return groups
 
     @torch.inference_mode()
     def forward(self, inp: ModelInput) -> ForwardResult:

@@ -17,6 +17,7 @@ class ScheduledChunk:
     start: int
     num_tokens: int
     is_prefill: bool
+    slot: int = -1
 
     @property
     def sample(self) -> bool:
@@ -117,11 +118,15 @@ class Scheduler:
                 continue
             if not self._make_room(req, n, scheduled, out):
                 continue
-            self.blocks.allocate(req, n)
-            out.chunks.append(ScheduledChunk(req, req.num_computed_tokens, n, req.in_prefill))
+            self._add_chunk(req, n, out)
             scheduled.add(req.seq)
             budget -= n
         return budget
+
+    def _add_chunk(self, req: Request, n: int, out: SchedulerOutput) -> None:
+        self.blocks.allocate(req, n)
+        slot = -1 if req.slot is None else req.slot
+        out.chunks.append(ScheduledChunk(req, req.num_computed_tokens, n, req.in_prefill, slot))
 
     def _make_room(
         self, req: Request, n: int, scheduled: set[int], out: SchedulerOutput
@@ -166,9 +171,8 @@ class Scheduler:
                 break
             self.swapped.popleft()
             out.swap_in.extend(self.blocks.swap_in(req))
-            self.blocks.allocate(req, n)
             self._run(req)
-            out.chunks.append(ScheduledChunk(req, req.num_computed_tokens, n, req.in_prefill))
+            self._add_chunk(req, n, out)
             budget -= n
         return budget
 
@@ -204,8 +208,7 @@ class Scheduler:
             self._run(req)
             out.admitted.append(req)
             if n:
-                self.blocks.allocate(req, n)
-                out.chunks.append(ScheduledChunk(req, req.num_computed_tokens, n, True))
+                self._add_chunk(req, n, out)
                 budget -= n
             if static:
                 reserved += cost - (before - self.blocks.num_allocatable)

@@ -38,8 +38,8 @@ def prefill_attention(
     n = q.shape[0]
     k = _gather(k_cache, block_table)[:ctx_len]
     v = _gather(v_cache, block_table)[:ctx_len]
-    qi = torch.arange(ctx_len - n, ctx_len).unsqueeze(1)
-    mask = torch.arange(ctx_len).unsqueeze(0) <= qi
+    qi = torch.arange(ctx_len - n, ctx_len, device=q.device).unsqueeze(1)
+    mask = torch.arange(ctx_len, device=q.device).unsqueeze(0) <= qi
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
         attn_mask=mask, scale=scale, enable_gqa=True,
@@ -58,7 +58,7 @@ def decode_attention(
     """One query token per sequence: q [B, H, D], block_tables [B, nb] (padded), lens [B]."""
     k = _gather(k_cache, block_tables)
     v = _gather(v_cache, block_tables)
-    mask = torch.arange(k.shape[1]).unsqueeze(0) < context_lens.unsqueeze(1)
+    mask = torch.arange(k.shape[1], device=q.device).unsqueeze(0) < context_lens.unsqueeze(1)
     out = F.scaled_dot_product_attention(
         q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2),
         attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True,

@@ -19,7 +19,7 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(cfg.hidden_size, q_dim, bias=cfg.qkv_bias)
         self.k_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(q_dim, cfg.hidden_size, bias=False)
+        self.o_proj = nn.Linear(q_dim, cfg.hidden_size, bias=cfg.o_proj_bias)
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm != "none":
             full = cfg.qk_norm == "full"
@@ -33,25 +33,26 @@ class Attention(nn.Module):
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        if self.clip_qkv is not None:
-            q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
         if self.qk_norm == "full":
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.clip_qkv is not None:  # after OLMoE's full-width QK norm, as transformers does
+            q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
         shape = (x.shape[0], -1, self.head_dim)
         q, k, v = q.view(shape), k.view(shape), v.view(shape)
         if self.qk_norm == "head":
             q, k = self.q_norm(q), self.k_norm(k)
         return q, k, v
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
         q, k, v = self._qkv(x)
         q, k = self.rotary(positions, q, k)
         write_kv(self.k_cache, self.v_cache, k, v, ctx.slot_mapping)
         out = torch.empty_like(q)
-        if ctx.decode_rows.numel():
-            out[ctx.decode_rows] = decode_attention(
-                q[ctx.decode_rows], self.k_cache, self.v_cache,
-                ctx.decode_block_tables, ctx.decode_ctx_lens, self.scale,
+        for g in ctx.decodes:
+            out[g.rows] = decode_attention(
+                q[g.rows], self.k_cache, self.v_cache, g.block_tables, g.ctx_lens, self.scale
             )
         for p in ctx.prefills:
             rows = slice(p.q_start, p.q_start + p.q_len)

@@ -16,14 +16,21 @@ class PrefillSeq:
 
 
 @dataclass
+class DecodeGroup:
+    """Sequences with one query row each and similar context lengths, attended together."""
+
+    rows: torch.Tensor
+    block_tables: torch.Tensor
+    ctx_lens: torch.Tensor
+
+
+@dataclass
 class ForwardContext:
     """How the flat batch maps onto sequences and the KV cache, plus what MoE layers record."""
 
     slot_mapping: torch.Tensor
     prefills: list[PrefillSeq]
-    decode_rows: torch.Tensor
-    decode_block_tables: torch.Tensor
-    decode_ctx_lens: torch.Tensor
+    decodes: list[DecodeGroup]
     token_rank: torch.Tensor
     ep_size: int = 1
     expert_capacity_factor: float | None = None

@@ -117,7 +117,8 @@ def model_config_from_hf(c: dict[str, Any]) -> ModelConfig:
         norm_topk_prob=True if family == "mixtral" else bool(c.get("norm_topk_prob", False)),
         shared_expert_intermediate_size=(c.get("shared_expert_intermediate_size") or 0)
         if family == "qwen2_moe" else 0,
-        qkv_bias=family == "qwen2_moe" or bool(c.get("attention_bias", False)),
+        qkv_bias=_qkv_bias(family, c),
+        o_proj_bias=family in ("olmoe", "qwen3_moe") and bool(c.get("attention_bias", False)),
         qk_norm={"olmoe": "full", "qwen3_moe": "head"}.get(family, "none"),  # type: ignore[arg-type]
         clip_qkv=c.get("clip_qkv"),
         rms_eps=c.get("rms_norm_eps", 1e-5),
@@ -126,6 +127,13 @@ def model_config_from_hf(c: dict[str, Any]) -> ModelConfig:
         tie_embeddings=bool(c.get("tie_word_embeddings", False)),
         eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
     )
+
+
+def _qkv_bias(family: Family | None, c: dict[str, Any]) -> bool:
+    """Qwen2-MoE reads `qkv_bias` (default on); OLMoE and Qwen3-MoE read `attention_bias`."""
+    if family == "qwen2_moe":
+        return bool(c.get("qkv_bias", True))
+    return family != "mixtral" and bool(c.get("attention_bias", False))
 
 
 EXPERT_KEY = re.compile(
@@ -145,7 +153,7 @@ def load_safetensors(model: MoETransformer, path: Path) -> None:
     with torch.no_grad():
         for file in files:
             with safe_open(str(file), framework="pt") as f:
-                for key in f.keys():
+                for key in f.keys():  # noqa: SIM118 (safe_open is not iterable)
                     name = key.removeprefix("model.").replace("block_sparse_moe", "mlp")
                     tensor = f.get_tensor(key)
                     m = EXPERT_KEY.fullmatch(name)
@@ -153,6 +161,8 @@ def load_safetensors(model: MoETransformer, path: Path) -> None:
                         layer, expert, role = int(m[1]), int(m[2]), EXPERT_ROLE[m[3]]
                         _copy_expert(model, layer, expert, role, tensor, inter)
                         loaded.add(f"layers.{layer}.experts.{expert}.{role}")
+                    elif name == "lm_head.weight" and model.cfg.tie_embeddings:
+                        continue
                     elif name in params:
                         params[name].copy_(tensor)
                         loaded.add(name)

@@ -47,10 +47,10 @@ def group_by_expert(
     order = torch.sort(flat, stable=True).indices
     routed = torch.bincount(flat, minlength=num_experts)
     if capacity_factor is None:
-        return order, routed, routed, torch.zeros((), dtype=torch.long)
+        return order, routed, routed, torch.zeros((), dtype=torch.long, device=flat.device)
     capacity = max(1, int(-(-capacity_factor * flat.numel() // num_experts)))
     starts = torch.cumsum(routed, 0) - routed
-    rank = torch.arange(flat.numel()) - starts[flat[order]]
+    rank = torch.arange(flat.numel(), device=flat.device) - starts[flat[order]]
     keep = rank < capacity
     kept = routed.clamp(max=capacity)
     return order[keep], kept, routed, (~keep).sum()

@@ -18,7 +18,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.mlp = MoEBlock(cfg)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), positions, ctx)
         return x + self.mlp(self.post_attention_layernorm(x), ctx)
 

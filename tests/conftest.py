@@ -1,0 +1,14 @@
+"""Shared test setup: one torch thread (tiny tensors on 2 shared cores run faster that way)."""
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _single_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
