@@ -21,6 +21,7 @@ class RequestOutput:
     token_times_s: list[float] = field(default_factory=list)
     logprobs: list[dict[int, float]] | None = None
     num_preemptions: int = 0
+    error: str | None = None
 
     @property
     def tpot_s(self) -> float | None:

@@ -21,9 +21,9 @@ def write_kv(
 
 
 def _gather(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
-    """[..., nb] block ids -> [..., nb * block_size, Hkv, D] tokens."""
-    g = cache[block_table]
-    return g.flatten(-4, -3)
+    """[..., nb] block ids -> [..., nb * block_size, Hkv, D] tokens (index_select: one copy)."""
+    g = cache.index_select(0, block_table.flatten())
+    return g.view(*block_table.shape[:-1], -1, *cache.shape[2:])
 
 
 def prefill_attention(
