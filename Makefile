@@ -18,7 +18,7 @@ test: setup
 	$(PY) -m pytest -q -ra --durations=15
 
 demo: setup
-	$(VENV)/bin/moescope generate --model synthetic:small --num-prompts 96
+	$(VENV)/bin/moescope demo
 
 lint: setup
 	$(PY) -m ruff check .

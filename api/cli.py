@@ -2,17 +2,19 @@
 
 import argparse
 import random
+import sys
 import time
 
+import torch
+import uvicorn
+
+from api.app import create_app
+from api.demo import run_demo
+from api.load import add_load_arguments, main_load, percentile
+from api.server import build_loop
+from api.settings import ServerSettings
 from engine import LLM, SamplingParams
 from engine.outputs import RequestOutput
-
-
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def summarize(outputs: list[RequestOutput], wall_s: float) -> str:
@@ -26,9 +28,9 @@ def summarize(outputs: list[RequestOutput], wall_s: float) -> str:
         f"wall time       {wall_s:.2f} s",
         f"throughput      {tokens / wall_s:.1f} tok/s",
         "TTFT ms         p50 {:.1f}  p90 {:.1f}  p99 {:.1f}".format(
-            *(_percentile(ttft, q) for q in (0.5, 0.9, 0.99))),
+            *(percentile(ttft, q) for q in (0.5, 0.9, 0.99))),
         "TPOT ms         p50 {:.2f}  p90 {:.2f}  p99 {:.2f}".format(
-            *(_percentile(tpot, q) for q in (0.5, 0.9, 0.99))),
+            *(percentile(tpot, q) for q in (0.5, 0.9, 0.99))),
     ]
     return "\n".join(lines)
 
@@ -47,7 +49,68 @@ def cmd_generate(args: argparse.Namespace) -> None:
     print(summarize(outputs, time.perf_counter() - start))
 
 
-def main(argv: list[str] | None = None) -> None:
+def cmd_serve(args: argparse.Namespace) -> None:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    settings = ServerSettings.from_env(
+        model_name=args.served_model_name or args.model, api_key=args.api_key,
+        admin_key=args.admin_key, max_prompt_tokens=args.max_prompt_tokens,
+        max_tokens_limit=args.max_tokens_limit, ws_buffer=args.ws_buffer,
+        metrics=not args.no_metrics)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and settings.api_key is None:
+        print(f"warning: serving on {args.host} without an API key", file=sys.stderr)
+    try:
+        loop = build_loop(args.model, dtype=args.dtype, seed=args.seed,
+                          num_kv_blocks=args.kv_blocks, block_size=args.block_size,
+                          max_num_seqs=args.max_num_seqs,
+                          max_num_batched_tokens=args.max_num_batched_tokens)
+    except ValueError as exc:
+        raise SystemExit(f"moescope serve: {exc}") from None
+    app = create_app(loop, settings)
+    print(f"moescope: serving {settings.model_name} on http://{args.host}:{args.port} "
+          f"(telemetry ws://{args.host}:{args.port}/ws/telemetry)", file=sys.stderr, flush=True)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        loop.stop()
+
+
+def cmd_load(args: argparse.Namespace) -> None:
+    sys.exit(main_load(args))
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    sys.exit(run_demo(args))
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="OpenAI-compatible server with live telemetry and knobs")
+    p.add_argument("--model", default="synthetic:small", help="synthetic:<preset> or a directory")
+    p.add_argument("--served-model-name", default=None, help="name in /v1/models (--model)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="required as Bearer (or MOESCOPE_API_KEY)")
+    p.add_argument("--admin-key", default=None,
+                   help="required for PATCH /api/knobs (or MOESCOPE_ADMIN_KEY)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kv-blocks", type=int, default=2048)
+    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--max-prompt-tokens", type=int, default=None,
+                   help="longest prompt accepted (default: the model's context - 1)")
+    p.add_argument("--max-tokens-limit", type=int, default=None,
+                   help="largest max_tokens accepted (default: the model's context)")
+    p.add_argument("--ws-buffer", type=int, default=256,
+                   help="telemetry steps buffered per websocket client before dropping")
+    p.add_argument("--no-metrics", action="store_true", help="turn /metrics off")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    p.add_argument("--log-level", default="warning")
+    p.set_defaults(func=cmd_serve)
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="moescope", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="offline generation run with a throughput summary")
@@ -59,7 +122,20 @@ def main(argv: list[str] | None = None) -> None:
     gen.add_argument("--kv-blocks", type=int, default=2048)
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(func=cmd_generate)
-    args = parser.parse_args(argv)
+    _serve_parser(sub)
+    load = sub.add_parser("load", help="open-loop load generator (OpenAI API)")
+    add_load_arguments(load)
+    load.set_defaults(func=cmd_load)
+    demo = sub.add_parser("demo", help="server on synthetic:small with a load running against it")
+    demo.add_argument("--port", type=int, default=8000)
+    demo.add_argument("--rate", type=float, default=3.0, help="requests per second")
+    demo.add_argument("--duration", type=float, default=0.0, help="seconds; 0 = until Ctrl-C")
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     args.func(args)
 
 

@@ -115,9 +115,13 @@ class LLMEngine:
 
     def _usable_after_pending(self) -> int:
         """Usable KV blocks once every accepted knob change has applied."""
+        return self.latest_knobs.kv_capacity_blocks or self.blocks.total
+
+    @property
+    def latest_knobs(self) -> Knobs:
+        """The knobs in force once every accepted change has applied."""
         with self._knob_lock:
-            knobs = self._pending_knobs[-1][0] if self._pending_knobs else self.knobs
-        return knobs.kv_capacity_blocks or self.blocks.total
+            return self._pending_knobs[-1][0] if self._pending_knobs else self.knobs
 
     def abort(self, request_id: str) -> bool:
         """Stop a request and free its KV blocks; False if it is unknown or already done."""

@@ -1,0 +1,144 @@
+"""Control endpoints: /api/status, GET/PATCH /api/knobs, /api/knobs/history."""
+
+import asyncio
+import re
+from dataclasses import asdict
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Query, Request
+from pydantic import ValidationError
+
+from api.errors import APIError
+from engine.config import Knobs
+from engine.loop import EngineDead, EngineLoop
+
+router = APIRouter()
+
+JSON_TYPES: dict[str, tuple[type, ...]] = {"integer": (int,), "number": (int, float),
+                                           "string": (str,), "boolean": (bool,)}
+
+
+def knob_schema(total_blocks: int) -> dict[str, dict[str, Any]]:
+    """Each knob's type, allowed range or values, nullability, default and description."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, prop in Knobs.model_json_schema()["properties"].items():
+        entry: dict[str, Any] = {"default": prop.get("default"),
+                                 "description": prop.get("description", ""), "nullable": False}
+        for option in prop.get("anyOf", [prop]):
+            if option.get("type") == "null":
+                entry["nullable"] = True
+                continue
+            entry["type"] = option.get("type")
+            for key, label in (("minimum", "minimum"), ("maximum", "maximum"),
+                               ("exclusiveMinimum", "exclusive_minimum"), ("enum", "enum")):
+                if key in option:
+                    entry[label] = option[key]
+        out[name] = entry
+    out["kv_capacity_blocks"]["maximum"] = total_blocks
+    for entry in out.values():
+        entry["allowed"] = _allowed(entry)
+    return out
+
+
+def _allowed(entry: dict[str, Any]) -> str:
+    if "enum" in entry:
+        text = "one of " + ", ".join(map(str, entry["enum"]))
+    else:
+        low = entry.get("minimum", entry.get("exclusive_minimum", "-inf"))
+        left = "(" if "exclusive_minimum" in entry else "["
+        text = f"{left}{low}, {entry.get('maximum', 'inf')}]"
+    return text + (" or null" if entry["nullable"] else "")
+
+
+def _check_types(changes: dict[str, Any], schema: dict[str, dict[str, Any]]) -> None:
+    """Strict JSON types (no "8" for 8, no true for 1); pydantic checks ranges afterwards."""
+    for name, value in changes.items():
+        entry = schema.get(name)
+        if entry is None or (value is None and entry["nullable"]):
+            continue
+        types = JSON_TYPES.get(entry.get("type", ""), (object,))
+        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
+            raise APIError(422, f"{name}: expected {entry['type']} {entry['allowed']}, "
+                                f"got {value!r}", name)
+
+
+def _knob_error(exc: ValidationError, schema: dict[str, dict[str, Any]]) -> APIError:
+    parts, first = [], None
+    for err in exc.errors():
+        name = ".".join(map(str, err["loc"]))
+        msg = err["msg"].removeprefix("Value error, ")
+        if name in schema:
+            parts.append(f"{name}: {msg} (allowed: {schema[name]['allowed']})")
+        elif name:
+            parts.append(f"{name}: {msg} (known knobs: {', '.join(schema)})")
+        else:
+            parts.append(msg)
+            named = re.findall(r"\b(" + "|".join(schema) + r")\b", msg)
+            name = named[0] if named else ""
+        first = first or name or None
+    return APIError(422, "; ".join(parts), first)
+
+
+def _schema(loop: EngineLoop) -> dict[str, dict[str, Any]]:
+    return knob_schema(loop.engine.blocks.total)
+
+
+@router.get("/api/status")
+async def status(request: Request) -> dict[str, Any]:
+    loop: EngineLoop = request.app.state.loop
+    settings = request.app.state.settings
+    cfg = loop.engine.config
+    max_len = loop.engine.model_config.max_model_len
+    return {
+        "model": settings.model_name,
+        "session": loop.engine.session,
+        "model_config": asdict(loop.engine.model_config),
+        "engine_config": {"model": cfg.model, "dtype": str(cfg.dtype).removeprefix("torch."),
+                          "device": cfg.device, "seed": cfg.seed, "batching": cfg.batching,
+                          "cache": asdict(cfg.cache), "parallel": asdict(cfg.parallel)},
+        "limits": {"max_prompt_tokens": min(settings.max_prompt_tokens or max_len, max_len - 1),
+                   "max_tokens": settings.max_tokens_limit or max_len,
+                   "max_prompts": settings.max_prompts, "max_body_bytes": settings.max_body_bytes},
+        "auth": {"api_key": settings.api_key is not None,
+                 "admin_key": settings.admin_key is not None},
+        "metrics": request.app.state.metrics is not None,
+        **loop.summary(),
+    }
+
+
+@router.get("/api/knobs")
+async def get_knobs(request: Request) -> dict[str, Any]:
+    loop: EngineLoop = request.app.state.loop
+    s = loop.summary()
+    return {"knobs": s["knobs"], "version": s["knobs_version"],
+            "applied_version": s["applied_knobs_version"], "schema": _schema(loop)}
+
+
+@router.patch("/api/knobs")
+async def patch_knobs(
+    request: Request,
+    changes: Annotated[dict[str, Any], Body()],
+    origin: Annotated[str, Query(min_length=1, max_length=64)] = "api",
+) -> dict[str, Any]:
+    """Validate the change as a whole; it applies at the next step boundary."""
+    loop: EngineLoop = request.app.state.loop
+    schema = _schema(loop)
+    if not changes:
+        raise APIError(422, "no knobs given; send a JSON object like {\"max_num_seqs\": 8}")
+    _check_types(changes, schema)
+    try:
+        version = await asyncio.wrap_future(loop.update_knobs(changes, origin))
+    except ValidationError as exc:
+        raise _knob_error(exc, schema) from None
+    except EngineDead as exc:
+        raise APIError(503, str(exc)) from None
+    except (ValueError, TypeError) as exc:
+        raise APIError(422, str(exc)) from None
+    return {"version": version, "knobs": loop.knobs.model_dump(),
+            "applied_version": loop.engine.applied_knobs_version}
+
+
+@router.get("/api/knobs/history")
+async def knob_history(request: Request) -> dict[str, Any]:
+    """Applied knob changes, oldest first: version, time, origin, {field: [old, new]}."""
+    return {"changes": request.app.state.loop.knob_history()}

@@ -1,0 +1,282 @@
+"""OpenAI-compatible routes: /v1/completions, /v1/chat/completions (plain and SSE), /v1/models."""
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
+
+from api.errors import APIError, describe_errors, error_body
+from api.metrics import Metrics
+from api.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, render_chat
+from api.settings import ServerSettings
+from engine.loop import EngineDead, EngineLoop
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+
+router = APIRouter()
+
+POLL_S = 1.0
+COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat runs to the context
+
+
+class Job:
+    """The engine requests behind one API call; outputs arrive on an asyncio queue."""
+
+    def __init__(self, loop: EngineLoop, metrics: Metrics | None) -> None:
+        self.loop = loop
+        self.metrics = metrics
+        self.aloop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
+        self.ids: list[str] = []
+        self.prompt_lens: list[int] = []
+        self.last: dict[int, RequestOutput] = {}
+        self.done: set[int] = set()
+        self.started = time.time()
+
+    def callback(self, index: int) -> Any:
+        def on_output(out: RequestOutput) -> None:
+            # a closed event loop raises RuntimeError: nobody is waiting any more
+            with contextlib.suppress(RuntimeError):
+                self.aloop.call_soon_threadsafe(self.queue.put_nowait, (index, out))
+
+        return on_output
+
+    @property
+    def pending(self) -> bool:
+        return len(self.done) < len(self.ids)
+
+    async def next(self) -> tuple[int, RequestOutput]:
+        """The next output; raises EngineDead if the loop dies."""
+        while True:
+            try:
+                item = self.queue.get_nowait()
+            except asyncio.QueueEmpty:
+                try:
+                    item = await asyncio.wait_for(self.queue.get(), POLL_S)
+                except TimeoutError:
+                    if not self.loop.alive:
+                        raise EngineDead(self.loop.error or "engine loop stopped") from None
+                    continue
+            index, out = item
+            if out.error:
+                raise EngineDead(out.error)
+            self.last[index] = out
+            if out.finished:
+                self.done.add(index)
+                self._record(index, out, out.finish_reason or "stop")
+            return index, out
+
+    def close(self) -> None:
+        """Abort whatever has not finished (client gone or error) and count it."""
+        for index, request_id in enumerate(self.ids):
+            if index not in self.done:
+                self.loop.abort(request_id)
+                self.done.add(index)
+                if index in self.last:
+                    self._record(index, self.last[index], "abort")
+
+    def _record(self, index: int, out: RequestOutput, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.observe_request(reason, self.prompt_lens[index], len(out.token_ids),
+                                         time.time() - self.started)
+
+    def usage(self) -> dict[str, int]:
+        prompt = sum(self.prompt_lens)
+        completion = sum(len(o.token_ids) for o in self.last.values())
+        return {"prompt_tokens": prompt, "completion_tokens": completion,
+                "total_tokens": prompt + completion}
+
+
+def _state(request: Request) -> tuple[EngineLoop, ServerSettings]:
+    return request.app.state.loop, request.app.state.settings
+
+
+def _params(body: SamplingFields, max_tokens: int) -> SamplingParams:
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=body.top_k or 0,
+            seed=body.seed,
+            stop_token_ids=tuple(body.stop_token_ids or ()),
+            ignore_eos=body.ignore_eos,
+            priority=body.priority,
+        )
+    except ValidationError as exc:
+        message, param = describe_errors(exc.errors())
+        raise APIError(422, message, param) from None
+
+
+async def _start(
+    request: Request, body: SamplingFields, prompts: list[str | list[int]],
+    max_tokens: int | None, field: str,
+) -> Job:
+    """Check model, sizes and limits, then submit every prompt (all or none)."""
+    loop, settings = _state(request)
+    if body.model != settings.model_name:
+        raise APIError(404, f"model {body.model!r} does not exist; this server serves "
+                            f"{settings.model_name!r}", "model")
+    if not prompts:
+        raise APIError(422, f"{field} is empty", field)
+    if len(prompts) > settings.max_prompts:
+        raise APIError(422, f"{len(prompts)} prompts in one request; the limit is "
+                            f"{settings.max_prompts}", field)
+    engine = loop.engine
+    max_len = engine.model_config.max_model_len
+    prompt_limit = min(settings.max_prompt_tokens or max_len - 1, max_len - 1)
+    token_limit = settings.max_tokens_limit or max_len
+    ids_list: list[list[int]] = []
+    for prompt in prompts:
+        try:
+            ids = engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        except ValueError as exc:
+            raise APIError(422, str(exc), field) from None
+        if len(ids) > prompt_limit:
+            raise APIError(422, f"{field} has {len(ids)} tokens; the limit is {prompt_limit}",
+                           field)
+        ids_list.append(ids)
+    longest = max(len(ids) for ids in ids_list)
+    if max_tokens is None:
+        max_tokens = min(token_limit, max_len - longest)
+    if max_tokens > token_limit:
+        raise APIError(422, f"max_tokens ({max_tokens}) is over the limit of {token_limit}",
+                       "max_tokens")
+    if longest + max_tokens > max_len:
+        raise APIError(422, f"{field} ({longest} tokens) + max_tokens ({max_tokens}) exceeds "
+                            f"the model's context length ({max_len})", "max_tokens")
+    params = _params(body, max_tokens)
+    job = Job(loop, request.app.state.metrics)
+    try:
+        for index, ids in enumerate(ids_list):
+            job.ids.append(loop.submit(ids, params, job.callback(index), body.stop_strings))
+            job.prompt_lens.append(len(ids))
+    except ValueError as exc:
+        job.close()
+        param = "max_tokens" if str(exc).startswith("prompt (") else field
+        raise APIError(422, str(exc), param) from None
+    except EngineDead as exc:
+        job.close()
+        raise APIError(503, str(exc)) from None
+    return job
+
+
+def _finish_reason(out: RequestOutput) -> str | None:
+    if not out.finished:
+        return None
+    return "length" if out.finish_reason == "length" else "stop"
+
+
+def _sse(data: dict[str, Any] | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
+
+
+async def _until_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _drain(job: Job) -> None:
+    while job.pending:
+        await job.next()
+
+
+async def _collect(job: Job, request: Request) -> None:
+    """Wait for every output; a client that disconnects first aborts the job."""
+    work = asyncio.create_task(_drain(job))
+    gone = asyncio.create_task(_until_disconnect(request))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            raise APIError(499, "client disconnected")
+        work.result()
+    except EngineDead as exc:
+        raise APIError(503, str(exc)) from None
+    finally:
+        for task in (work, gone):
+            task.cancel()
+        await asyncio.gather(work, gone, return_exceptions=True)
+        job.close()
+
+
+async def _stream(
+    job: Job, head: dict[str, Any], chat: bool, include_usage: bool
+) -> AsyncIterator[str]:
+    """One SSE chunk per generated token (text may be empty while it is held back)."""
+    sent = dict.fromkeys(range(len(job.ids)), 0)
+    usage: dict[str, Any] = {"usage": None} if include_usage else {}
+    try:
+        if chat:
+            delta = {"role": "assistant", "content": ""}
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+            yield _sse({**head, "choices": [choice], **usage})
+        while job.pending:
+            index, out = await job.next()
+            text = out.text[sent[index]:]
+            sent[index] = len(out.text)
+            reason = _finish_reason(out)
+            if chat:
+                choice = {"index": index, "delta": {"content": text}, "logprobs": None,
+                          "finish_reason": reason}
+            else:
+                choice = {"index": index, "text": text, "logprobs": None,
+                          "finish_reason": reason}
+            yield _sse({**head, "choices": [choice], **usage})
+        if include_usage:
+            yield _sse({**head, "choices": [], "usage": job.usage()})
+    except EngineDead as exc:
+        yield _sse(error_body(503, str(exc)))
+    finally:
+        job.close()
+    yield _sse("[DONE]")
+
+
+def _streaming_response(chunks: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(chunks, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@router.post("/v1/completions", response_model=None)
+async def completions(body: CompletionRequest, request: Request) -> Any:
+    prompts = body.prompts()
+    max_tokens = COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
+    job = await _start(request, body, prompts, max_tokens, "prompt")
+    head = {"id": job.ids[0], "object": "text_completion", "created": int(job.started),
+            "model": body.model}
+    if body.stream:
+        return _streaming_response(_stream(job, head, False, body.include_usage))
+    await _collect(job, request)
+    choices = [{"index": i, "text": out.text, "logprobs": None,
+                "finish_reason": _finish_reason(out)} for i, out in sorted(job.last.items())]
+    return JSONResponse({**head, "choices": choices, "usage": job.usage()})
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    job = await _start(request, body, [render_chat(body.messages)], max_tokens, "messages")
+    head = {"id": "chat" + job.ids[0], "object": "chat.completion", "created": int(job.started),
+            "model": body.model}
+    if body.stream:
+        head["object"] = "chat.completion.chunk"
+        return _streaming_response(_stream(job, head, True, body.include_usage))
+    await _collect(job, request)
+    out = job.last[0]
+    choice = {"index": 0, "message": {"role": "assistant", "content": out.text},
+              "logprobs": None, "finish_reason": _finish_reason(out)}
+    return JSONResponse({**head, "choices": [choice], "usage": job.usage()})
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> dict[str, Any]:
+    loop, settings = _state(request)
+    return {"object": "list", "data": [{
+        "id": settings.model_name, "object": "model", "created": int(loop.started_t),
+        "owned_by": "moescope", "max_model_len": loop.engine.model_config.max_model_len,
+    }]}

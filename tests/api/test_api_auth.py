@@ -1,0 +1,75 @@
+"""API keys guard every endpoint (websockets too); knob changes can need a separate admin key."""
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+from api_servers import MODEL, Served, serve, stop, ws_connect
+from websockets.exceptions import InvalidStatus
+
+from api.cli import build_parser
+from api.settings import ServerSettings
+
+KEY, ADMIN = "sk-test-key", "sk-admin-key"
+ENDPOINTS = [("GET", "/v1/models"), ("GET", "/api/status"), ("GET", "/api/knobs"),
+             ("GET", "/api/knobs/history"), ("GET", "/metrics"), ("POST", "/v1/completions"),
+             ("POST", "/v1/chat/completions"), ("PATCH", "/api/knobs"), ("GET", "/docs")]
+
+
+@pytest.fixture(scope="module")
+def guarded() -> Iterator[Served]:
+    s = serve(ServerSettings(model_name=MODEL, api_key=KEY, admin_key=ADMIN))
+    yield s
+    stop(s)
+
+
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.mark.parametrize(("method", "path"), ENDPOINTS)
+def test_every_endpoint_needs_the_key(guarded: Served, method: str, path: str) -> None:
+    for headers in ({}, _auth("wrong"), {"Authorization": KEY}):
+        resp = httpx.request(method, guarded.url + path, headers=headers, json={})
+        assert resp.status_code == 401, (path, headers)
+        assert resp.json()["error"]["type"] == "authentication_error"
+        assert resp.headers["www-authenticate"] == "Bearer"
+
+
+def test_the_key_opens_them(guarded: Served) -> None:
+    for path in ("/v1/models", "/api/status", "/metrics", "/api/knobs/history"):
+        assert httpx.get(guarded.url + path, headers=_auth(KEY)).status_code == 200
+    client = openai.OpenAI(base_url=guarded.url + "/v1", api_key=KEY, max_retries=0)
+    out = client.completions.create(model=MODEL, prompt="hi", max_tokens=3)
+    assert out.usage.completion_tokens >= 1
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=guarded.url + "/v1", api_key="nope", max_retries=0
+                      ).models.list()
+
+
+def test_knob_changes_need_the_admin_key(guarded: Served) -> None:
+    url = guarded.url + "/api/knobs"
+    assert httpx.patch(url, json={"max_num_seqs": 4}).status_code == 401
+    resp = httpx.patch(url, json={"max_num_seqs": 4}, headers=_auth(KEY))
+    assert resp.status_code == 403 and "admin" in resp.json()["error"]["message"]
+    assert httpx.patch(url, json={"max_num_seqs": 4}, headers=_auth(ADMIN)).status_code == 200
+    assert httpx.get(url, headers=_auth(ADMIN)).json()["knobs"]["max_num_seqs"] == 4
+
+
+def test_websocket_needs_the_key_as_header_or_query(guarded: Served) -> None:
+    for url, headers in ((guarded.ws_url, None), (guarded.ws_url + "?token=wrong", None),
+                         (guarded.ws_url, _auth("wrong"))):
+        with pytest.raises(InvalidStatus) as info:
+            ws_connect(url, additional_headers=headers)
+        assert info.value.response.status_code == 403
+    for url, headers in ((guarded.ws_url + f"?token={KEY}&every=1", None),
+                         (guarded.ws_url, _auth(KEY))):
+        with ws_connect(url, additional_headers=headers) as ws:
+            guarded.loop.update_knobs({"max_num_seqs": 5}).result(5)
+            assert "step" in json.loads(ws.recv(timeout=10))
+
+
+def test_default_bind_is_loopback() -> None:
+    assert build_parser().parse_args(["serve"]).host == "127.0.0.1"

@@ -1,0 +1,94 @@
+"""The telemetry bus and the engine loop's text handling, without a server."""
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+from api_servers import MODEL, wait_for
+
+from engine import LLMEngine, SamplingParams
+from engine.bus import TelemetryBus
+from engine.loop import EngineDead, EngineLoop
+from engine.outputs import RequestOutput
+
+
+def test_bus_buffers_are_bounded_and_count_drops() -> None:
+    bus = TelemetryBus()
+    wakes: list[int] = []
+    slow = bus.subscribe(maxlen=3, notify=lambda: wakes.append(1))
+    every = bus.subscribe(maxlen=10, every=2)
+    for step in range(7):
+        bus.publish({"step": step})
+    records, dropped = slow.drain()
+    assert [r["step"] for r in records] == [4, 5, 6] and dropped == 4
+    assert len(wakes) == 1  # only the empty -> non-empty transition wakes the consumer
+    assert slow.drain() == ([], 0)
+    assert [r["step"] for r in every.drain()[0]] == [0, 2, 4, 6]
+    bus.unsubscribe(slow)
+    assert bus.num_subscribers == 1
+
+
+def test_a_broken_subscriber_is_removed() -> None:
+    bus = TelemetryBus()
+
+    def boom() -> None:
+        raise RuntimeError("event loop closed")
+
+    bus.subscribe(notify=boom)
+    ok = bus.subscribe()
+    bus.publish({"step": 0})
+    assert bus.num_subscribers == 1 and ok.drain()[0] == [{"step": 0}]
+
+
+@pytest.fixture
+def loop() -> Iterator[EngineLoop]:
+    lp = EngineLoop(LLMEngine(model=MODEL, num_kv_blocks=64))
+    lp.start()
+    yield lp
+    lp.stop()
+
+
+def _run(loop: EngineLoop, prompt: list[int], stop: tuple[str, ...] = (),
+         **params: object) -> list[RequestOutput]:
+    outs: list[RequestOutput] = []
+    done = threading.Event()
+
+    def on_output(out: RequestOutput) -> None:
+        outs.append(out)
+        if out.finished:
+            done.set()
+
+    loop.submit(prompt, SamplingParams(temperature=0.0, ignore_eos=True, **params), on_output,
+                stop)
+    assert done.wait(10)
+    return outs
+
+
+def test_text_only_grows_and_stop_strings_cut_it(loop: EngineLoop) -> None:
+    outs = _run(loop, [256, 1, 2, 3], max_tokens=48)
+    texts = [o.text for o in outs]
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:], strict=False))
+    assert not any(t.endswith("\ufffd") for t in texts[:-1])
+    full = texts[-1]
+    stop = next(full[i:i + 3] for i in range(6, len(full) - 3) if "\ufffd" not in full[i:i + 3])
+    cut = _run(loop, [256, 1, 2, 3], (stop,), max_tokens=48)
+    assert cut[-1].text == full[:full.index(stop)]
+    assert cut[-1].finish_reason == "stop" and cut[-1].finished
+    cut_texts = [o.text for o in cut]
+    assert all(b.startswith(a) for a, b in zip(cut_texts, cut_texts[1:], strict=False))
+    wait_for(lambda: not loop.engine.requests, what="the stopped request to be aborted")
+    assert loop.engine.blocks.num_used == 0
+
+
+def test_refused_requests_and_a_stopped_loop(loop: EngineLoop) -> None:
+    with pytest.raises(ValueError, match="vocabulary"):
+        loop.submit([999], SamplingParams(), lambda _: None)
+    with pytest.raises(ValueError, match="stop"):
+        loop.submit([1], SamplingParams(), lambda _: None, stop=("",))
+    with pytest.raises(ValueError, match="origin"):
+        loop.update_knobs({"origin": "x"}).result(5)
+    assert loop.update_knobs({"max_num_seqs": 2}).result(5) == 2
+    assert loop.knobs.max_num_seqs == 2
+    loop.stop()
+    with pytest.raises(EngineDead):
+        loop.submit([1], SamplingParams(), lambda _: None)

@@ -1,0 +1,58 @@
+"""A client that goes away mid-request aborts it, and its KV blocks are freed at once."""
+
+import httpx
+import pytest
+from api_servers import MODEL, Served, wait_for, wait_idle
+
+
+def _abort_spy(served: Served, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Records the engine's step count at each abort the server makes."""
+    calls: list[int] = []
+    real = served.loop.abort
+
+    def spy(request_id: str) -> None:
+        calls.append(served.loop.steps)
+        real(request_id)
+
+    monkeypatch.setattr(served.loop, "abort", spy)
+    return calls
+
+
+def test_stream_disconnect_frees_kv_within_a_step(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wait_idle(served.loop)
+    aborts = _abort_spy(served, monkeypatch)
+    body = {"model": MODEL, "prompt": "x" * 100, "max_tokens": 900, "ignore_eos": True,
+            "stream": True}
+    with httpx.Client(base_url=served.url, timeout=30) as http:
+        with http.stream("POST", "/v1/completions", json=body) as resp:
+            chunks = 0
+            for line in resp.iter_lines():
+                chunks += line.startswith("data: ")
+                if chunks == 5:
+                    break
+            (request_id,) = served.loop.engine.requests
+            status = http.get("/api/status").json()
+            assert status["kv"]["used"] > 0, status
+        wait_for(lambda: request_id not in served.loop.engine.requests, 5, "the abort")
+        assert http.get("/api/status").json()["kv"]["used"] == 0
+        assert len(aborts) == 1
+        assert served.loop.steps - aborts[0] <= 1  # freed before the next step ran
+        status = http.get("/api/status").json()
+        assert status["queue"]["running"] == 0 and status["loop"]["streams"] == 0
+        abort_line = 'moescope:request_success_total{finished_reason="abort"'
+        assert abort_line in http.get("/metrics").text
+
+
+def test_non_streaming_disconnect_aborts_too(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wait_idle(served.loop)
+    aborts = _abort_spy(served, monkeypatch)
+    body = {"model": MODEL, "prompt": "y" * 20, "max_tokens": 1000, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(served.url + "/v1/completions", json=body, timeout=0.3)
+    wait_for(lambda: not served.loop.engine.requests, 4, "the abort")
+    assert len(aborts) == 1 and served.loop.steps - aborts[0] <= 1
+    assert served.loop.engine.blocks.num_used == 0
