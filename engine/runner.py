@@ -5,6 +5,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import CacheConfig
+from engine.decode_graphs import DecodeGraphs, graphs_enabled
 from engine.model.context import DecodeGroup, ForwardContext, PrefillSeq
 from engine.model.transformer import MoETransformer
 from engine.parallel import Placement
@@ -28,12 +29,14 @@ class ModelInput:
 
 @dataclass
 class ForwardResult:
-    """Logits for the chunks that sample this step, in chunk order, plus MoE statistics."""
+    """Logits for the chunks that sample this step, in chunk order, plus MoE statistics
+    (on the CPU, whatever the model's device: telemetry reads them right away)."""
 
     logits: torch.Tensor
     expert_counts: torch.Tensor
     expert_dropped: torch.Tensor
     moe_seconds: float
+    graphed: bool = False  # replayed from a decode graph (moe_seconds is then not measured)
 
 
 class ModelRunner:
@@ -41,7 +44,10 @@ class ModelRunner:
         self.model = model
         self.block_size = cache.block_size
         self.device = torch.device(device)
-        model.allocate_kv_cache(cache.num_blocks, cache.block_size)
+        graphs = graphs_enabled(self.device)
+        # decode graphs pad with rows that write into one scratch block past the usable ones
+        model.allocate_kv_cache(cache.num_blocks + (1 if graphs else 0), cache.block_size)
+        self.graphs = DecodeGraphs(model, cache.block_size, cache.num_blocks) if graphs else None
         cfg = model.cfg
         dtype = model.embed_tokens.weight.dtype
         host_shape = (cfg.num_layers, 2, cache.num_host_blocks, cache.block_size,
@@ -119,12 +125,14 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, inp: ModelInput) -> ForwardResult:
-        hidden = self.model(inp.input_ids, inp.positions, inp.ctx)
-        logits = self.model.compute_logits(hidden[inp.sample_rows])
         ctx = inp.ctx
-        return ForwardResult(
-            logits=logits,
-            expert_counts=torch.stack(ctx.expert_counts),
-            expert_dropped=torch.stack(ctx.expert_dropped),
-            moe_seconds=ctx.moe_seconds,
-        )
+        if self.graphs is not None and self.graphs.eligible(ctx, inp.input_ids.numel()):
+            logits, counts, dropped = self.graphs.run(
+                inp.input_ids, inp.positions, ctx, inp.sample_rows
+            )
+            return ForwardResult(logits, counts.cpu(), dropped.cpu(), 0.0, graphed=True)
+        hidden = self.model(inp.input_ids, inp.positions, ctx)
+        logits = self.model.compute_logits(hidden[inp.sample_rows])
+        counts = torch.stack(ctx.expert_counts).cpu()  # waits for the device: timers are done
+        dropped = torch.stack(ctx.expert_dropped).cpu()
+        return ForwardResult(logits, counts, dropped, moe_seconds=ctx.moe_total_seconds())

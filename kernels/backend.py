@@ -1,15 +1,84 @@
-"""Backend selection for the expert computation, in one place."""
+"""Backend selection, in one place, for the expert computation and for decode attention.
 
+Default: Triton for CUDA tensors (when triton is installed), torch for CPU tensors.
+MOESCOPE_MOE_BACKEND=triton|torch|loop and MOESCOPE_ATTN_BACKEND=triton|torch override it;
+they are read at every call. `triton` on CPU tensors runs in Triton's interpreter (slowly but
+exactly; see kernels.triton_env for how TRITON_INTERPRET is set).
+"""
+
+import importlib.util
 import os
+from functools import cache
 from typing import Literal
 
-MoEBackend = Literal["torch", "loop"]
-MOE_BACKENDS: tuple[str, ...] = ("torch", "loop")
+import torch
+
+from kernels.grouped_gemm import combine_experts, expert_ffn, expert_ffn_loop
+from kernels.paged_attention import decode_attention_torch
+
+MoEBackend = Literal["triton", "torch", "loop"]
+AttnBackend = Literal["triton", "torch"]
+MOE_BACKENDS: tuple[str, ...] = ("triton", "torch", "loop")
+ATTN_BACKENDS: tuple[str, ...] = ("triton", "torch")
 
 
-def moe_backend() -> MoEBackend:
-    """The MoE backend from MOESCOPE_MOE_BACKEND (default: torch grouped_mm)."""
-    name = os.environ.get("MOESCOPE_MOE_BACKEND", "torch")
-    if name not in MOE_BACKENDS:
-        raise ValueError(f"MOESCOPE_MOE_BACKEND={name!r}; expected one of {MOE_BACKENDS}")
-    return name  # type: ignore[return-value]
+@cache
+def triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def _choose(var: str, allowed: tuple[str, ...], device: torch.device) -> str:
+    name = os.environ.get(var)
+    if name is None:
+        return "triton" if device.type == "cuda" and triton_installed() else "torch"
+    if name not in allowed:
+        raise ValueError(f"{var}={name!r}; expected one of {allowed}")
+    return name
+
+
+def moe_backend(device: torch.device) -> MoEBackend:
+    """The MoE backend for tensors on `device` (MOESCOPE_MOE_BACKEND overrides)."""
+    return _choose("MOESCOPE_MOE_BACKEND", MOE_BACKENDS, device)  # type: ignore[return-value]
+
+
+def attn_backend(device: torch.device) -> AttnBackend:
+    """The decode-attention backend for tensors on `device` (MOESCOPE_ATTN_BACKEND overrides)."""
+    return _choose("MOESCOPE_ATTN_BACKEND", ATTN_BACKENDS, device)  # type: ignore[return-value]
+
+
+def moe_experts(
+    x: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    order: torch.Tensor,
+    per_expert: torch.Tensor,
+    weights: torch.Tensor,
+) -> torch.Tensor:
+    """Routed expert output [T, H] in token order, on the selected backend.
+
+    order [N]: flat pair ids (token * top_k + j) sorted by expert; per_expert [E]: rows per
+    expert; weights [T, top_k] float32 router weights.
+    """
+    backend = moe_backend(x.device)
+    if backend == "triton":
+        from kernels.triton_moe import fused_moe
+
+        return fused_moe(x, w_gate_up, w_down, order, per_expert, weights)
+    ffn = expert_ffn_loop if backend == "loop" else expert_ffn
+    return combine_experts(x, w_gate_up, w_down, order, per_expert, weights, ffn)
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One query token per sequence over the paged cache, on the selected backend."""
+    if attn_backend(q.device) == "triton":
+        from kernels.triton_attention import paged_decode_attention
+
+        return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
+    return decode_attention_torch(q, k_cache, v_cache, block_tables, context_lens, scale)

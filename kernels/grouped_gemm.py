@@ -1,7 +1,16 @@
-"""Expert FFN over tokens grouped by expert: SiLU(x W_gate) * (x W_up), then W_down."""
+"""Expert FFN over tokens grouped by expert: SiLU(x W_gate) * (x W_up), then W_down.
+
+Plain torch: one `grouped_mm` per projection, a per-expert loop (the reference), and the
+combine step around either. kernels.triton_moe fuses all of it into two Triton launches.
+"""
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
+# F.grouped_mm is recent; builds without it have the same op as torch._grouped_mm
+grouped_mm: Callable[..., torch.Tensor] = getattr(F, "grouped_mm", None) or torch._grouped_mm
 
 
 def expert_ffn(
@@ -11,9 +20,9 @@ def expert_ffn(
 
     x_sorted [N, H]; w_gate_up [E, H, 2I]; w_down [E, I, H]; offsets [E] int32 group ends.
     """
-    gate_up = F.grouped_mm(x_sorted, w_gate_up, offs=offsets)
+    gate_up = grouped_mm(x_sorted, w_gate_up, offs=offsets)
     gate, up = gate_up.chunk(2, dim=-1)
-    return F.grouped_mm(F.silu(gate) * up, w_down, offs=offsets)
+    return grouped_mm(F.silu(gate) * up, w_down, offs=offsets)
 
 
 def expert_ffn_loop(
@@ -28,3 +37,20 @@ def expert_ffn_loop(
             out[start:end] = (F.silu(gate) * up) @ w_down[e]
         start = end
     return out
+
+
+def combine_experts(
+    x: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    order: torch.Tensor,
+    per_expert: torch.Tensor,
+    weights: torch.Tensor,
+    ffn: Callable[..., torch.Tensor] = expert_ffn_loop,
+) -> torch.Tensor:
+    """Gather tokens by expert, run `ffn`, scale by router weights, add back in token order."""
+    tokens = order // weights.shape[1]
+    offsets = torch.cumsum(per_expert, 0).to(torch.int32)
+    y = ffn(x[tokens], w_gate_up, w_down, offsets)
+    y = y * weights.flatten()[order].unsqueeze(1).to(y.dtype)
+    return torch.zeros_like(x).index_add_(0, tokens, y)

@@ -47,7 +47,7 @@ def prefill_attention(
     return out.transpose(0, 1)
 
 
-def decode_attention(
+def decode_attention_torch(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,

@@ -5,6 +5,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+import kernels  # noqa: F401  (first: settles Triton's mode before torch._dynamo imports triton)
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _single_thread() -> Iterator[None]:

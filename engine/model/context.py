@@ -24,6 +24,21 @@ class DecodeGroup:
     ctx_lens: torch.Tensor
 
 
+class GpuTimer:
+    """CUDA events around a stretch of kernels; read once the stream has reached `stop`."""
+
+    def __init__(self) -> None:
+        self.start = torch.cuda.Event(enable_timing=True)
+        self.end = torch.cuda.Event(enable_timing=True)
+        self.start.record()
+
+    def stop(self) -> None:
+        self.end.record()
+
+    def seconds(self) -> float:
+        return self.start.elapsed_time(self.end) / 1e3
+
+
 @dataclass
 class ForwardContext:
     """How the flat batch maps onto sequences and the KV cache, plus what MoE layers record."""
@@ -34,6 +49,19 @@ class ForwardContext:
     token_rank: torch.Tensor
     ep_size: int = 1
     expert_capacity_factor: float | None = None
+    row_valid: torch.Tensor | None = None  # [T] bool; False for padding rows (decode graphs)
     expert_counts: list[torch.Tensor] = field(default_factory=list)
     expert_dropped: list[torch.Tensor] = field(default_factory=list)
-    moe_seconds: float = 0.0
+    moe_seconds: float = 0.0  # host time on the CPU; on CUDA the GPU time in moe_timers
+    moe_timers: list[GpuTimer] = field(default_factory=list)
+
+    def gpu_timer(self, device: torch.device) -> GpuTimer | None:
+        """A started GpuTimer for kernels on a CUDA device (not while capturing a graph)."""
+        if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+            return None
+        self.moe_timers.append(GpuTimer())
+        return self.moe_timers[-1]
+
+    def moe_total_seconds(self) -> float:
+        """MoE time of the step; call after the device work is done (e.g. a copy to the host)."""
+        return self.moe_seconds + sum(t.seconds() for t in self.moe_timers)

@@ -8,7 +8,7 @@ from torch import nn
 
 from engine.config import ModelConfig
 from engine.model.context import ForwardContext
-from kernels import expert_ffn, expert_ffn_loop, moe_backend
+from kernels import moe_experts
 
 
 class MLP(nn.Module):
@@ -35,6 +35,12 @@ def route(
     return weights, experts
 
 
+def count(ids: torch.Tensor, size: int, keep: torch.Tensor | None = None) -> torch.Tensor:
+    """bincount of the kept ids, with a fixed length and no host sync (CUDA-graph safe)."""
+    ones = torch.ones_like(ids) if keep is None else keep.to(ids.dtype)
+    return torch.zeros(size, dtype=torch.long, device=ids.device).scatter_add_(0, ids, ones)
+
+
 def group_by_expert(
     experts: torch.Tensor, num_experts: int, capacity_factor: float | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -45,7 +51,7 @@ def group_by_expert(
     """
     flat = experts.flatten()
     order = torch.sort(flat, stable=True).indices
-    routed = torch.bincount(flat, minlength=num_experts)
+    routed = count(flat, num_experts)
     if capacity_factor is None:
         return order, routed, routed, torch.zeros((), dtype=torch.long, device=flat.device)
     capacity = max(1, int(-(-capacity_factor * flat.numel() // num_experts)))
@@ -74,30 +80,29 @@ class MoEBlock(nn.Module):
     def _counts_by_rank(
         self, experts: torch.Tensor, routed: torch.Tensor, ctx: ForwardContext
     ) -> torch.Tensor:
-        """Token-expert pairs per (source rank, expert): [ep_size, experts]."""
+        """Token-expert pairs of real rows per (source rank, expert): [ep_size, experts]."""
         ep = ctx.ep_size
-        if ep == 1:
+        keep = None if ctx.row_valid is None else ctx.row_valid.repeat_interleave(self.top_k)
+        if ep == 1 and keep is None:
             return routed.unsqueeze(0)
         src = ctx.token_rank.repeat_interleave(self.top_k)
-        pairs = torch.bincount(src * self.num_experts + experts.flatten(),
-                               minlength=ep * self.num_experts)
+        pairs = count(src * self.num_experts + experts.flatten(), ep * self.num_experts, keep)
         return pairs.view(ep, self.num_experts)
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         t0 = time.perf_counter()
+        timer = ctx.gpu_timer(x.device)
         weights, experts = route(self.gate(x) + self.router_bias, self.top_k, self.renormalize)
         order, per_expert, routed, dropped = group_by_expert(
             experts, self.num_experts, ctx.expert_capacity_factor
         )
-        tokens = order // self.top_k
-        offsets = torch.cumsum(per_expert, 0).to(torch.int32)
-        ffn = expert_ffn_loop if moe_backend() == "loop" else expert_ffn
-        y = ffn(x[tokens], self.w_gate_up, self.w_down, offsets)
-        y = y * weights.flatten()[order].unsqueeze(1).to(y.dtype)
-        out = torch.zeros_like(x).index_add_(0, tokens, y)
+        out = moe_experts(x, self.w_gate_up, self.w_down, order, per_expert, weights)
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         ctx.expert_counts.append(self._counts_by_rank(experts, routed, ctx))
         ctx.expert_dropped.append(dropped)
-        ctx.moe_seconds += time.perf_counter() - t0
+        if timer is None:
+            ctx.moe_seconds += time.perf_counter() - t0
+        else:
+            timer.stop()
         return out

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# GPU measurements in one call (a few minutes on an H200), from the repository root:
+#
+#   bash benchmarks/gpu/run_all.sh             # on a CUDA machine; results go to $OUT
+#   DRY_RUN=1 bash benchmarks/gpu/run_all.sh   # anywhere: tiny shapes on the CPU
+#
+# Steps: the kernel tests on the GPU; a quick autotune of the benchmark shapes into
+# kernels/configs/grouped_gemm.json; copy bandwidth and bf16 matmul rate; our grouped GEMM
+# against torch grouped_mm and a per-expert loop; the offline engine on a larger synthetic
+# model per backend; then one table (printed, and written to $OUT/gpu_results.md).
+#
+# The engine needs pydantic, which the GPU image lacks: put its wheels in .whl/ (ignored by
+# git) and carry .whl; they are installed into /tmp/site here. To fetch them (Python 3.12):
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux_2_17_x86_64 -d .whl pydantic==2.14.4 \
+#     pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$(mktemp -d)}
+PY=${PY:-python3}
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if [ -z "${DRY_RUN:-}" ] && compgen -G ".whl/*.whl" >/dev/null; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+DRY=()
+if [ -n "${DRY_RUN:-}" ]; then DRY=(--dry-run); fi
+status=0
+step() {  # step LOG CMD...: run CMD, append its output to $OUT/LOG, remember a failure
+    local log=$1
+    shift
+    echo "== $*" | tee -a "$OUT/$log"
+    "$@" 2>&1 | tee -a "$OUT/$log"
+    local rc=${PIPESTATUS[0]}
+    if [ "$rc" != 0 ]; then echo "!! failed ($rc): $*"; status=1; fi
+}
+
+echo "== $(date -u +%FT%TZ) $(git rev-parse --short HEAD 2>/dev/null) out=$OUT"
+$PY -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__,
+        "cuda", torch.cuda.is_available() and torch.cuda.get_device_name())'
+if [ -z "${DRY_RUN:-}" ]; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+    step tests.log $PY -m pytest -q -ra -p no:cacheprovider tests/kernels
+    for shape in "8 4096 14336 2" "128 2048 768 8"; do
+        read -r e h i k <<<"$shape"
+        step autotune.log $PY -m kernels.autotune --experts "$e" --hidden "$h" --inter "$i" \
+            --top-k "$k" --tokens 16 4096 --quick
+    done
+    cp kernels/configs/grouped_gemm.json "$OUT/"
+fi
+step bench.log $PY benchmarks/gpu/roofline.py "${DRY[@]}" --json "$OUT/roofline.json"
+step bench.log $PY benchmarks/gpu/moe_kernels.py "${DRY[@]}" --roofline "$OUT/roofline.json" \
+    --json "$OUT/moe.json"
+step bench.log $PY benchmarks/gpu/engine_throughput.py "${DRY[@]}" --json "$OUT/engine.json"
+step bench.log $PY benchmarks/gpu/report.py --roofline "$OUT/roofline.json" \
+    --moe "$OUT/moe.json" --engine "$OUT/engine.json" --out "$OUT/gpu_results.md"
+exit $status

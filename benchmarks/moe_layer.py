@@ -1,0 +1,218 @@
+"""One MoE layer on the CPU: ours (grouped) against transformers' Mixtral block and a loop.
+
+Same weights everywhere (Mixtral-shaped, fp32): our `MoEBlock` on its torch grouped_mm
+backend and on its per-expert loop backend; transformers' `MixtralSparseMoeBlock` with its
+eager experts (a loop over the experts hit) and with its `grouped_mm` experts; and a
+per-token loop (each token through its top-k experts). At 1, 64 and 2048 tokens, as times
+and as ratios to ours, in one run. Writes its section of benchmarks/RESULTS.md.
+
+    python benchmarks/moe_layer.py            # --quick for a smoke run (writes nothing)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from engine.config import ModelConfig  # noqa: E402
+from engine.model.context import ForwardContext  # noqa: E402
+from engine.model.moe import MoEBlock, route  # noqa: E402
+
+RESULTS_PATH = ROOT / "benchmarks" / "RESULTS.md"
+BEGIN, END = "<!-- moe_layer:begin -->", "<!-- moe_layer:end -->"
+FULL = dict(hidden=512, inter=1024, experts=8, top_k=2, tokens=(1, 64, 2048))
+QUICK = dict(hidden=32, inter=48, experts=4, top_k=2, tokens=(1, 8))
+
+
+def our_block(hidden: int, inter: int, experts: int, top_k: int, seed: int) -> MoEBlock:
+    cfg = ModelConfig(family="mixtral", vocab_size=32, hidden_size=hidden, num_layers=1,
+                      num_heads=1, num_kv_heads=1, head_dim=hidden, moe_intermediate_size=inter,
+                      num_experts=experts, top_k=top_k, norm_topk_prob=True)
+    block = MoEBlock(cfg)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in block.parameters():
+            fan_in = p.shape[-2] if p.dim() == 3 else p.shape[-1]
+            p.copy_(torch.randn(p.shape, generator=gen) * fan_in**-0.5)
+    return block.eval()
+
+
+def hf_block(ours: MoEBlock, experts_impl: str) -> torch.nn.Module:
+    """transformers' Mixtral block holding our block's weights."""
+    from transformers import MixtralConfig
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+
+    e, h, two_i = ours.w_gate_up.shape
+    config = MixtralConfig(hidden_size=h, intermediate_size=two_i // 2, num_local_experts=e,
+                           num_experts_per_tok=ours.top_k)
+    config._experts_implementation = experts_impl
+    block = MixtralSparseMoeBlock(config)
+    with torch.no_grad():
+        block.gate.weight.copy_(ours.gate.weight)
+        block.experts.gate_up_proj.copy_(ours.w_gate_up.transpose(1, 2))
+        block.experts.down_proj.copy_(ours.w_down.transpose(1, 2))
+    return block.eval()
+
+
+def hf(block: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The transformers block on [T, H] tokens (it takes [batch, seq, H])."""
+    return lambda x: block(x[None])[0]
+
+
+def per_token(block: MoEBlock, x: torch.Tensor) -> torch.Tensor:
+    """Each token through its top-k experts, one at a time."""
+    weights, experts = route(block.gate(x), block.top_k, block.renormalize)
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for w, e in zip(weights[t].tolist(), experts[t].tolist(), strict=True):
+            gate, up = (x[t] @ block.w_gate_up[e]).chunk(2, dim=-1)
+            out[t] += w * ((F.silu(gate) * up) @ block.w_down[e])
+    return out
+
+
+@contextlib.contextmanager
+def moe_backend(name: str) -> Iterator[None]:
+    """MOESCOPE_MOE_BACKEND=name for the duration, then as it was."""
+    old = os.environ.get("MOESCOPE_MOE_BACKEND")
+    os.environ["MOESCOPE_MOE_BACKEND"] = name
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["MOESCOPE_MOE_BACKEND"]
+        else:
+            os.environ["MOESCOPE_MOE_BACKEND"] = old
+
+
+def ours(block: MoEBlock, backend: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    def run(x: torch.Tensor) -> torch.Tensor:
+        ctx = ForwardContext(slot_mapping=torch.empty(0, dtype=torch.long), prefills=[],
+                             decodes=[], token_rank=torch.zeros(x.shape[0], dtype=torch.long))
+        with moe_backend(backend):
+            return block(x, ctx)
+
+    return run
+
+
+def timed(fns: dict[str, Callable[[], torch.Tensor]], budget_s: float) -> dict[str, float]:
+    """Median milliseconds per implementation, timed in interleaved rounds (each round runs
+    every implementation once, so a change in the machine's load hits them alike), after a
+    warm-up; rounds go on until about budget_s has passed, at least 3 of them."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():
+        fn()
+    start = time.perf_counter()
+    while (rounds := len(times[next(iter(fns))])) < 3 or (
+            time.perf_counter() - start < budget_s and rounds < 200):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - t0) * 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def measure(shape: dict, budget_s: float) -> tuple[list[str], dict[int, dict[str, float]]]:
+    block = our_block(shape["hidden"], shape["inter"], shape["experts"], shape["top_k"], seed=0)
+    impls: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+        "moescope MoEBlock (grouped_mm)": ours(block, "torch"),
+        "moescope MoEBlock (per-expert loop)": ours(block, "loop"),
+        "transformers MixtralSparseMoeBlock (eager)": hf(hf_block(block, "eager")),
+        "transformers MixtralSparseMoeBlock (grouped_mm)": hf(hf_block(block, "grouped_mm")),
+        "per-token loop": lambda x: per_token(block, x),
+    }
+    results: dict[int, dict[str, float]] = {}
+    gen = torch.Generator().manual_seed(1)
+    with torch.inference_mode():
+        for n in shape["tokens"]:
+            x = torch.randn(n, shape["hidden"], generator=gen)
+            ref = impls["moescope MoEBlock (grouped_mm)"](x)
+            for name, fn in impls.items():
+                err = float((fn(x) - ref).abs().max() / ref.abs().max())
+                if err > 1e-4:
+                    raise AssertionError(f"{name} differs from ours at {n} tokens: {err:.1e}")
+            results[n] = timed({name: lambda fn=fn, x=x: fn(x) for name, fn in impls.items()},
+                               budget_s)
+            print(f"{n} tokens: " + ", ".join(f"{k} {v:.2f} ms" for k, v in results[n].items()),
+                  flush=True)
+    return list(impls), results
+
+
+def render(shape: dict, names: list[str], results: dict[int, dict[str, float]],
+           threads: int, command: str, seconds: float) -> str:
+    ours_name = names[0]
+    tokens = list(results)
+    lines = [
+        BEGIN,
+        "## One MoE layer on the CPU (`benchmarks/moe_layer.py`)",
+        "",
+        f"- Command: `{command}`",
+        f"- Date: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; runtime {seconds:.0f} s",
+        f"- Machine: {platform.machine()}, torch {torch.__version__} with {threads} intra-op "
+        "thread(s) on 2 shared cores (other workers run at the same time: absolute times are "
+        "noisy, the ratios come from runs side by side)",
+        f"- Layer: Mixtral-shaped, hidden {shape['hidden']}, intermediate {shape['inter']}, "
+        f"{shape['experts']} experts top-{shape['top_k']}, fp32, random weights shared by "
+        "every implementation (outputs checked equal to ours within 1e-4)",
+        "- Cells: median ms per call over interleaved rounds (every implementation once per "
+        "round), and in brackets that time over ours (grouped_mm); above 1 means ours is faster",
+        "",
+        "| implementation | " + " | ".join(f"{n} tokens" for n in tokens) + " |",
+        "| --- |" + " --- |" * len(tokens),
+    ]
+    for name in names:
+        cells = [f"{results[n][name]:.2f} ({results[n][name] / results[n][ours_name]:.2f}x)"
+                 for n in tokens]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def write_section(path: Path, section: str) -> None:
+    """Replace this benchmark's section of RESULTS.md, or append it; other sections stay."""
+    text = path.read_text() if path.exists() else "# Benchmark results\n"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + section + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    path.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> str:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="tiny layer, short timings")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--results", type=Path, default=None,
+                   help="RESULTS.md to update (default benchmarks/RESULTS.md; --quick writes "
+                        "nothing unless given)")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    shape = QUICK if args.quick else FULL
+    t0 = time.perf_counter()
+    names, results = measure(shape, budget_s=0.05 if args.quick else 20.0)
+    command = "python benchmarks/moe_layer.py" + (" --quick" if args.quick else "")
+    section = render(shape, names, results, args.threads, command, time.perf_counter() - t0)
+    print(section)
+    path = args.results or (None if args.quick else RESULTS_PATH)
+    if path is not None:
+        write_section(path, section)
+    return section
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""Decode steps replayed from CUDA graphs, one graph per padded batch size.
+
+A step whose chunks are all decodes is padded up to the next size in SIZES and run on static
+buffers: token ids, positions, KV slots, block tables at the model's full width, context
+lengths, ranks and a row mask. Padding rows write their K/V into a scratch block (one block
+past those the block manager hands out) and attend to it alone; MoE layers leave them out of
+their expert counts. A graph is captured on the first step of its size, for the backends in
+force then. Eligible steps: Triton decode attention (its work follows the context lengths,
+not the padded table width), no expert capacity factor and not the per-expert loop MoE
+backend (both need host syncs), at most SIZES[-1] rows. The MoE time of a replayed step is
+not measured (reported as 0).
+
+MOESCOPE_DECODE_GRAPHS=0 turns graphs off on CUDA; =1 on the CPU runs the same padded path
+eagerly (nothing is captured), so that the padding is tested without a GPU.
+"""
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from engine.model.context import DecodeGroup, ForwardContext
+from engine.model.transformer import MoETransformer
+from kernels import attn_backend, moe_backend
+
+SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
+def graphs_enabled(device: torch.device) -> bool:
+    """On by default on CUDA; MOESCOPE_DECODE_GRAPHS=0|1 decides otherwise."""
+    flag = os.environ.get("MOESCOPE_DECODE_GRAPHS")
+    return device.type == "cuda" if flag is None else flag == "1"
+
+
+@dataclass
+class _Graph:
+    replay: Callable[[], None]
+    logits: torch.Tensor
+    counts: torch.Tensor
+    dropped: torch.Tensor
+
+
+class DecodeGraphs:
+    """Static decode buffers and the graphs captured over them, keyed by padded size."""
+
+    def __init__(self, model: MoETransformer, block_size: int, scratch_block: int) -> None:
+        self.model = model
+        self.device = model.embed_tokens.weight.device
+        self.scratch_block = scratch_block
+        self.scratch_slot = scratch_block * block_size
+        width = -(-model.cfg.max_model_len // block_size)
+        n, dev, long = SIZES[-1], self.device, torch.long
+        self.ids = torch.zeros(n, dtype=long, device=dev)
+        self.positions = torch.zeros(n, dtype=long, device=dev)
+        self.slots = torch.zeros(n, dtype=long, device=dev)
+        self.tables = torch.zeros(n, width, dtype=long, device=dev)
+        self.lens = torch.ones(n, dtype=long, device=dev)
+        self.ranks = torch.zeros(n, dtype=long, device=dev)
+        self.valid = torch.zeros(n, dtype=torch.bool, device=dev)
+        self.rows = torch.arange(n, device=dev)
+        self.graphs: dict[tuple[int, int, str, str], _Graph] = {}
+        self.pool = torch.cuda.graph_pool_handle() if dev.type == "cuda" else None
+
+    def eligible(self, ctx: ForwardContext, num_rows: int) -> bool:
+        return (not ctx.prefills and ctx.expert_capacity_factor is None
+                and 0 < num_rows <= SIZES[-1] and attn_backend(self.device) == "triton"
+                and moe_backend(self.device) != "loop")
+
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
+            sample_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(logits of sample_rows, expert counts, dropped) for one eligible decode step."""
+        n = input_ids.numel()
+        size = next(s for s in SIZES if s >= n)
+        self._fill(input_ids, positions, ctx, n, size)
+        key = (size, ctx.ep_size, moe_backend(self.device), attn_backend(self.device))
+        graph = self.graphs.get(key) or self._capture(key)
+        graph.replay()
+        return graph.logits[sample_rows], graph.counts.clone(), graph.dropped.clone()
+
+    def _fill(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
+              n: int, size: int) -> None:
+        """Copy the step into the static buffers; rows n..size become padding."""
+        self.ids[:n].copy_(input_ids)
+        self.ids[n:size].zero_()
+        self.positions[:n].copy_(positions)
+        self.positions[n:size].zero_()
+        self.slots[:n].copy_(ctx.slot_mapping)
+        self.slots[n:size].fill_(self.scratch_slot)
+        self.tables[:size].fill_(self.scratch_block)
+        self.lens[:size].fill_(1)
+        for group in ctx.decodes:
+            self.tables[group.rows, : group.block_tables.shape[1]] = group.block_tables
+            self.lens[group.rows] = group.ctx_lens
+        self.ranks[:n].copy_(ctx.token_rank)
+        self.ranks[n:size].zero_()
+        self.valid[:n].fill_(True)
+        self.valid[n:size].fill_(False)
+
+    def _capture(self, key: tuple[int, int, str, str]) -> _Graph:
+        size, ep_size = key[0], key[1]
+        ctx = ForwardContext(
+            slot_mapping=self.slots[:size], prefills=[],
+            decodes=[DecodeGroup(self.rows[:size], self.tables[:size], self.lens[:size])],
+            token_rank=self.ranks[:size], ep_size=ep_size, row_valid=self.valid[:size],
+        )
+
+        def forward() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            ctx.expert_counts.clear()
+            ctx.expert_dropped.clear()
+            hidden = self.model(self.ids[:size], self.positions[:size], ctx)
+            return (self.model.compute_logits(hidden), torch.stack(ctx.expert_counts),
+                    torch.stack(ctx.expert_dropped))
+
+        if self.pool is None:
+            outputs = forward()
+
+            def replay() -> None:
+                for static, fresh in zip(outputs, forward(), strict=True):
+                    static.copy_(fresh)
+
+            graph = _Graph(replay, *outputs)
+        else:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # compile the Triton kernels, warm up the libraries
+                    forward()
+            torch.cuda.current_stream().wait_stream(stream)
+            cuda_graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(cuda_graph, pool=self.pool):
+                outputs = forward()
+            graph = _Graph(cuda_graph.replay, *outputs)
+        self.graphs[key] = graph
+        return graph

@@ -1,0 +1,114 @@
+"""The Triton MoE kernel equals the plain-torch per-expert reference."""
+
+import pytest
+import torch
+from kernel_inputs import DEVICE, nonzero_randn, rel_err, routing
+
+from kernels import combine_experts, expert_ffn_loop, moe_backend, moe_experts
+from kernels.gemm_configs import GemmConfig, MoEConfig
+from kernels.triton_moe import fused_moe
+
+# tokens, hidden, intermediate, experts, top_k, routing skew (skew leaves experts empty)
+SHAPES = [
+    (1, 24, 40, 8, 1, 0.0),
+    (37, 40, 24, 8, 2, 1.0),
+    (13, 48, 56, 64, 8, 0.5),
+    (5, 32, 20, 256, 4, 0.0),
+    (70, 24, 36, 16, 3, 2.0),
+]
+
+
+def weights(experts: int, hidden: int, inter: int, gen: torch.Generator, dtype: torch.dtype
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    w_gate_up = nonzero_randn(experts, hidden, 2 * inter, gen=gen, scale=hidden**-0.5, dtype=dtype)
+    w_down = nonzero_randn(experts, inter, hidden, gen=gen, scale=inter**-0.5, dtype=dtype)
+    return w_gate_up, w_down
+
+
+def reference(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+              order: torch.Tensor, per_expert: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The per-expert torch loop in float32, whatever the inputs' dtype."""
+    return combine_experts(x.float(), w_gate_up.float(), w_down.float(), order, per_expert, w,
+                           expert_ffn_loop)
+
+
+def case(shape: tuple[int, int, int, int, int, float], dtype: torch.dtype, seed: int):
+    tokens, hidden, inter, experts, top_k, skew = shape
+    gen = torch.Generator().manual_seed(seed)
+    x = nonzero_randn(tokens, hidden, gen=gen, dtype=dtype)
+    w_gate_up, w_down = weights(experts, hidden, inter, gen, dtype)
+    return (x, w_gate_up, w_down, *routing(tokens, experts, top_k, gen, skew))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_fp32_matches_reference(shape: tuple[int, int, int, int, int, float]) -> None:
+    args = case(shape, torch.float32, seed=SHAPES.index(shape))
+    order, per_expert = args[3], args[4]
+    if shape[3] > shape[0] * shape[4]:
+        assert int((per_expert == 0).sum()) > 0
+    out = fused_moe(*args)
+    assert out.shape == args[0].shape and out.dtype == torch.float32
+    assert rel_err(out, reference(*args)) < 1e-5
+    assert order.numel() == shape[0] * shape[4]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [SHAPES[1], SHAPES[2]])
+def test_half_precision_matches_reference(
+    shape: tuple[int, int, int, int, int, float], dtype: torch.dtype
+) -> None:
+    args = case(shape, dtype, seed=11)
+    out = fused_moe(*args)
+    assert out.dtype == dtype
+    assert rel_err(out, reference(*args)) < 1e-2
+
+
+# ragged K and N, several column tiles, grouped tile order; then K a multiple of the block
+@pytest.mark.parametrize("config,shape", [
+    (GemmConfig(16, 16, 16, group_m=4), (37, 40, 24, 8, 2, 1.0)),
+    (GemmConfig(32, 32, 32, group_m=2), (29, 64, 32, 4, 2, 0.0)),
+])
+def test_small_blocks(config: GemmConfig, shape: tuple[int, int, int, int, int, float]) -> None:
+    args = case(shape, torch.float32, seed=5)
+    out = fused_moe(*args, config=MoEConfig(config, config))
+    assert rel_err(out, reference(*args)) < 1e-5
+
+
+def test_dropped_pairs_contribute_nothing() -> None:
+    x, w_gate_up, w_down, order, per_expert, w = case(SHAPES[1], torch.float32, seed=3)
+    capacity = 4
+    starts = torch.cumsum(per_expert, 0) - per_expert
+    keep = torch.cat([order[s:s + min(int(n), capacity)]
+                      for s, n in zip(starts.tolist(), per_expert.tolist(), strict=True)])
+    kept = per_expert.clamp(max=capacity)
+    assert keep.numel() < order.numel()
+    out = fused_moe(x, w_gate_up, w_down, keep, kept, w)
+    assert rel_err(out, reference(x, w_gate_up, w_down, keep, kept, w)) < 1e-5
+
+
+def test_no_rows_gives_zeros() -> None:
+    x, w_gate_up, w_down, _, per_expert, w = case(SHAPES[0], torch.float32, seed=4)
+    empty = torch.empty(0, dtype=torch.long, device=DEVICE)
+    out = fused_moe(x, w_gate_up, w_down, empty, torch.zeros_like(per_expert), w)
+    assert out.shape == x.shape and not out.any()
+
+
+@pytest.mark.parametrize("backend", [
+    "triton", "loop",
+    pytest.param("torch", marks=pytest.mark.skipif(
+        DEVICE.type == "cuda", reason="torch grouped_mm on CUDA is bf16 only")),
+])
+def test_backends_agree(monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
+    args = case(SHAPES[1], torch.float32, seed=8)
+    monkeypatch.setenv("MOESCOPE_MOE_BACKEND", backend)
+    assert moe_backend(DEVICE) == backend
+    assert rel_err(moe_experts(*args), reference(*args)) < 1e-5
+
+
+def test_backend_default_and_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MOESCOPE_MOE_BACKEND", raising=False)
+    assert moe_backend(torch.device("cpu")) == "torch"
+    assert moe_backend(torch.device("cuda")) == "triton"
+    monkeypatch.setenv("MOESCOPE_MOE_BACKEND", "cutlass")
+    with pytest.raises(ValueError, match="MOESCOPE_MOE_BACKEND"):
+        moe_backend(DEVICE)
