@@ -1,0 +1,48 @@
+"""Smoke test: the offline throughput benchmark runs end to end on a tiny model."""
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+pytest.importorskip("transformers")
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "offline_throughput.py"
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("offline_throughput", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quick_run_prints_and_writes_the_table(tmp_path: Path) -> None:
+    bench = _load()
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# Benchmark results\n\nkept\n")
+    section = bench.main(["--quick", "--requests", "6", "--results", str(results)])
+    for row in ("| moescope continuous |", "| moescope static |",
+                "| transformers generate (static) |", "| transformers continuous batching |"):
+        assert row in section
+    assert "Forward-only bound" in section
+    assert section.count("- [") == 4  # one line per target, met or missed
+    text = results.read_text()
+    assert "kept" in text and section in text
+    bench.main(["--quick", "--requests", "3", "--skip-hf-cb", "--results", str(results)])
+    rewritten = results.read_text()
+    assert rewritten.count(bench.BEGIN) == 1 and "kept" in rewritten
+    assert "| transformers continuous batching |" not in rewritten
+
+
+def test_workload_is_seeded_and_in_range() -> None:
+    bench = _load()
+    a = bench.make_workload(64, 3, 1000, (16, 512), (8, 256))
+    assert a == bench.make_workload(64, 3, 1000, (16, 512), (8, 256))
+    assert all(16 <= len(p) <= 512 for p in a.prompts)
+    assert all(8 <= n <= 256 for n in a.max_tokens)
+    assert all(0 < t < 1000 for p in a.prompts for t in p)
