@@ -172,3 +172,20 @@ def test_bad_requests_are_refused_before_state_changes() -> None:
 def test_bad_engine_arguments(args: dict, words: str) -> None:
     with pytest.raises(ValueError, match=words):
         LLMEngine(**args)
+
+
+def test_bfloat16_engine_tracks_float32(prompts) -> None:
+    """bf16 runs the same model: first-token log-probabilities stay close to float32's."""
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=3)
+    runs = {}
+    for dtype in ("float32", "bfloat16"):
+        engine = LLMEngine(model="synthetic:tiny", dtype=dtype, num_kv_blocks=64, block_size=4)
+        ids = [engine.add_request(p, params) for p in prompts[:4]]
+        done = {}
+        while engine.has_unfinished():
+            done.update({o.request_id: o for o in engine.step().outputs if o.finished})
+        runs[dtype] = [done[i] for i in ids]
+    assert all(len(o.token_ids) == 6 for o in runs["bfloat16"])
+    for full, half in zip(runs["float32"], runs["bfloat16"], strict=True):
+        top = full.token_ids[0]
+        assert half.logprobs[0].get(top) == pytest.approx(full.logprobs[0][top], abs=0.1)
