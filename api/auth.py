@@ -2,13 +2,16 @@
 
 import hmac
 import json
+import re
 from urllib.parse import parse_qs
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.errors import error_body
 
-ADMIN_ROUTES = {("PATCH", "/api/knobs")}
+ADMIN_ROUTES = (("PATCH", re.compile(r"/api/knobs")),
+                ("DELETE", re.compile(r"/api/sessions/[^/]+")),
+                ("POST", re.compile(r"/api/sessions/[^/]+/(rerun|label)")))
 
 
 def _token(scope: Scope) -> str | None:
@@ -50,13 +53,15 @@ class GuardMiddleware:
 
     def _allowed(self, scope: Scope) -> tuple[bool, int, str]:
         token = _token(scope)
-        admin_route = (scope.get("method"), scope["path"].rstrip("/")) in ADMIN_ROUTES
+        method, path = scope.get("method"), scope["path"].rstrip("/")
+        admin_route = any(m == method and p.fullmatch(path) for m, p in ADMIN_ROUTES)
         if admin_route and self.admin_key is not None:
+            what = "knob changes need" if path == "/api/knobs" else f"{method} {path} needs"
             if _matches(token, self.admin_key):
                 return True, 200, ""
             if token is None or not _matches(token, self.api_key):
-                return False, 401, "knob changes need the admin key (Authorization: Bearer)"
-            return False, 403, "knob changes need the admin key, not the API key"
+                return False, 401, f"{what} the admin key (Authorization: Bearer)"
+            return False, 403, f"{what} the admin key, not the API key"
         if self.api_key is None or _matches(token, self.api_key) or _matches(token, self.admin_key):
             return True, 200, ""
         return False, 401, "missing or invalid API key (Authorization: Bearer <key>)"

@@ -12,9 +12,12 @@ from api.app import create_app
 from api.demo import run_demo
 from api.load import add_load_arguments, main_load, percentile
 from api.server import build_loop
+from api.sessions_cli import add_session_commands, default_db
 from api.settings import ServerSettings
+from dashboard.__main__ import main as dashboard_main
 from engine import LLM, SamplingParams
 from engine.outputs import RequestOutput
+from storage import StorageError
 
 
 def summarize(outputs: list[RequestOutput], wall_s: float) -> str:
@@ -36,7 +39,7 @@ def summarize(outputs: list[RequestOutput], wall_s: float) -> str:
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
-    llm = LLM(args.model, dtype=args.dtype, num_kv_blocks=args.kv_blocks,
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, num_kv_blocks=args.kv_blocks,
               max_num_seqs=args.max_num_seqs)
     rng = random.Random(args.seed)
     words = ["expert", "token", "router", "batch", "cache", "step", "layer", "prefill"]
@@ -56,19 +59,25 @@ def cmd_serve(args: argparse.Namespace) -> None:
         model_name=args.served_model_name or args.model, api_key=args.api_key,
         admin_key=args.admin_key, max_prompt_tokens=args.max_prompt_tokens,
         max_tokens_limit=args.max_tokens_limit, ws_buffer=args.ws_buffer,
-        metrics=not args.no_metrics)
+        metrics=not args.no_metrics, db_url=args.db, record=not args.no_record,
+        record_buffer=args.record_buffer)
     if args.host not in ("127.0.0.1", "localhost", "::1") and settings.api_key is None:
         print(f"warning: serving on {args.host} without an API key", file=sys.stderr)
     try:
-        loop = build_loop(args.model, dtype=args.dtype, seed=args.seed,
+        loop = build_loop(args.model, dtype=args.dtype, device=args.device, seed=args.seed,
                           num_kv_blocks=args.kv_blocks, block_size=args.block_size,
                           max_num_seqs=args.max_num_seqs,
                           max_num_batched_tokens=args.max_num_batched_tokens)
     except ValueError as exc:
         raise SystemExit(f"moescope serve: {exc}") from None
-    app = create_app(loop, settings)
+    try:
+        app = create_app(loop, settings)
+    except StorageError as exc:
+        raise SystemExit(f"moescope serve: {exc}") from None
+    recording = "off" if args.no_record else app.state.store.display_url
     print(f"moescope: serving {settings.model_name} on http://{args.host}:{args.port} "
-          f"(telemetry ws://{args.host}:{args.port}/ws/telemetry)", file=sys.stderr, flush=True)
+          f"(telemetry ws://{args.host}:{args.port}/ws/telemetry; session "
+          f"{loop.engine.session}, recording {recording})", file=sys.stderr, flush=True)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     finally:
@@ -92,7 +101,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key", default=None, help="required as Bearer (or MOESCOPE_API_KEY)")
     p.add_argument("--admin-key", default=None,
                    help="required for PATCH /api/knobs (or MOESCOPE_ADMIN_KEY)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    _model_arguments(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kv-blocks", type=int, default=2048)
     p.add_argument("--block-size", type=int, default=None)
@@ -105,9 +114,23 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ws-buffer", type=int, default=256,
                    help="telemetry steps buffered per websocket client before dropping")
     p.add_argument("--no-metrics", action="store_true", help="turn /metrics off")
+    p.add_argument("--db", default=default_db(),
+                   help="session database, any SQLAlchemy URL ($MOESCOPE_DB or %(default)s)")
+    p.add_argument("--no-record", action="store_true", help="do not record this run")
+    p.add_argument("--record-buffer", type=int, default=2048,
+                   help="steps buffered while the database is slow or gone, then dropped")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     p.add_argument("--log-level", default="warning")
     p.set_defaults(func=cmd_serve)
+
+
+def _model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="cpu", help="cpu or cuda (Triton kernels on cuda)")
+
+
+def cmd_dashboard(args: argparse.Namespace) -> None:
+    sys.exit(dashboard_main(["--url", args.url, "--port", str(args.port)]))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="offline generation run with a throughput summary")
     gen.add_argument("--model", default="synthetic:small")
-    gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    _model_arguments(gen)
     gen.add_argument("--num-prompts", type=int, default=64)
     gen.add_argument("--max-tokens", type=int, default=96)
     gen.add_argument("--max-num-seqs", type=int, default=64)
@@ -130,7 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=int, default=8000)
     demo.add_argument("--rate", type=float, default=3.0, help="requests per second")
     demo.add_argument("--duration", type=float, default=0.0, help="seconds; 0 = until Ctrl-C")
+    demo.add_argument("--dashboard-port", type=int, default=8501)
     demo.set_defaults(func=cmd_demo)
+    dash = sub.add_parser("dashboard", help="the Streamlit dashboard for a running server")
+    dash.add_argument("--url", default="http://127.0.0.1:8000", help="moescope server URL")
+    dash.add_argument("--port", type=int, default=8501)
+    dash.set_defaults(func=cmd_dashboard)
+    add_session_commands(sub)
     return parser
 
 

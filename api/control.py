@@ -83,25 +83,34 @@ def _schema(loop: EngineLoop) -> dict[str, dict[str, Any]]:
     return knob_schema(loop.engine.blocks.total)
 
 
-@router.get("/api/status")
-async def status(request: Request) -> dict[str, Any]:
-    loop: EngineLoop = request.app.state.loop
-    settings = request.app.state.settings
+def engine_description(loop: EngineLoop) -> dict[str, Any]:
+    """The model and engine configs as JSON-ready dicts."""
     cfg = loop.engine.config
-    max_len = loop.engine.model_config.max_model_len
     return {
-        "model": settings.model_name,
-        "session": loop.engine.session,
         "model_config": asdict(loop.engine.model_config),
         "engine_config": {"model": cfg.model, "dtype": str(cfg.dtype).removeprefix("torch."),
                           "device": cfg.device, "seed": cfg.seed, "batching": cfg.batching,
                           "cache": asdict(cfg.cache), "parallel": asdict(cfg.parallel)},
+    }
+
+
+@router.get("/api/status")
+async def status(request: Request) -> dict[str, Any]:
+    loop: EngineLoop = request.app.state.loop
+    settings = request.app.state.settings
+    recorder = request.app.state.recorder
+    max_len = loop.engine.model_config.max_model_len
+    return {
+        "model": settings.model_name,
+        "session": loop.engine.session,
+        **engine_description(loop),
         "limits": {"max_prompt_tokens": min(settings.max_prompt_tokens or max_len, max_len - 1),
                    "max_tokens": settings.max_tokens_limit or max_len,
                    "max_prompts": settings.max_prompts, "max_body_bytes": settings.max_body_bytes},
         "auth": {"api_key": settings.api_key is not None,
                  "admin_key": settings.admin_key is not None},
         "metrics": request.app.state.metrics is not None,
+        "recorder": recorder.stats() if recorder is not None else {"recording": False},
         **loop.summary(),
     }
 

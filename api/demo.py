@@ -1,4 +1,5 @@
-"""`moescope demo`: the server on synthetic:small with a moderate load running against it."""
+"""`moescope demo`: the server on synthetic:small (recording on), a moderate load running
+against it, and the dashboard."""
 
 import argparse
 import signal
@@ -43,11 +44,15 @@ def run_demo(args: argparse.Namespace) -> int:
     server = subprocess.Popen([*cli, "serve", "--model", MODEL, "--host", host,
                                "--port", str(args.port)])
     load: subprocess.Popen | None = None
+    dashboard: subprocess.Popen | None = None
     try:
         if not _wait_ready(url, server):
             print(f"moescope demo: the server did not come up on {url}", file=sys.stderr)
             return 1
-        print(f"\nmoescope demo: {MODEL} on {url}, load {args.rate} req/s (Ctrl-C stops both)\n"
+        dashboard = subprocess.Popen([sys.executable, "-m", "dashboard", "--url", url,
+                                      "--port", str(args.dashboard_port)])
+        print(f"\nmoescope demo: {MODEL} on {url}, load {args.rate} req/s (Ctrl-C stops all)\n"
+              f"  dashboard  http://{host}:{args.dashboard_port}  <- open this\n"
               f"  telemetry  ws://{host}:{args.port}/ws/telemetry\n"
               f"  metrics    {url}/metrics\n"
               f"  status     {url}/api/status\n"
@@ -62,7 +67,8 @@ def run_demo(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("\nmoescope demo: stopping", file=sys.stderr)
     finally:
-        if load is not None:
-            _stop(load, signal.SIGINT)
+        for proc in (load, dashboard):
+            if proc is not None:
+                _stop(proc, signal.SIGINT)
         _stop(server, signal.SIGINT)
     return 0

@@ -10,6 +10,8 @@ class ServerSettings:
 
     `max_prompt_tokens` / `max_tokens_limit` default to the model's context (`None`).
     `admin_key`, when set, is required for PATCH /api/knobs (and accepted everywhere).
+    `db_url` is the session database (None: no session routes); `record` turns the recorder
+    on, buffering up to `record_buffer` steps while the database is slow or gone.
     """
 
     model_name: str = "synthetic:tiny"
@@ -22,6 +24,10 @@ class ServerSettings:
     ws_buffer: int = 256
     metrics: bool = True
     metrics_interval_s: float = 0.5
+    db_url: str | None = None
+    record: bool = True
+    record_buffer: int = 2048
+    db_timeout_s: float = 5.0
 
     @classmethod
     def from_env(cls, **overrides: object) -> "ServerSettings":

@@ -2,7 +2,9 @@
 
 Query: `every=N` keeps steps whose number is a multiple of N; `fields=a,b` keeps those
 top-level fields (plus `step`). When a slow client's buffer overflowed, the next message it
-gets carries `dropped`: how many steps were lost for it since the previous message.
+gets carries `dropped`: how many steps were lost for it since the previous message. While
+the session recorder runs, each message carries `recorder` {ok, dropped, pending}: whether
+the database takes writes, steps the recorder dropped so far, steps waiting to be written.
 """
 
 import asyncio
@@ -15,8 +17,10 @@ from starlette.datastructures import QueryParams
 from engine.bus import Subscription
 from engine.loop import EngineLoop
 from engine.telemetry import StepTelemetry
+from storage import Recorder
 
 router = APIRouter()
+EXTRA_FIELDS = ("recorder",)
 
 
 def parse_query(query: QueryParams) -> tuple[int, list[str] | None]:
@@ -32,15 +36,17 @@ def parse_query(query: QueryParams) -> tuple[int, list[str] | None]:
     if not fields:
         return every, None
     names = [f.strip() for f in fields.split(",") if f.strip()]
-    unknown = [f for f in names if f not in StepTelemetry.model_fields]
+    known = [*StepTelemetry.model_fields, *EXTRA_FIELDS]
+    unknown = [f for f in names if f not in known]
     if unknown:
-        raise ValueError(f"fields: unknown field(s) {unknown}; known: "
-                         f"{', '.join(StepTelemetry.model_fields)}")
+        raise ValueError(f"fields: unknown field(s) {unknown}; known: {', '.join(known)}")
     return every, ["step", *(f for f in names if f != "step")]
 
 
 async def _send(ws: WebSocket, sub: Subscription, wake: asyncio.Event,
-                fields: list[str] | None) -> None:
+                fields: list[str] | None, recorder: Recorder | None) -> None:
+    brief = recorder.brief if recorder is not None and (not fields or "recorder" in fields) \
+        else None
     while True:
         records, dropped = sub.drain()
         if not records:
@@ -50,7 +56,10 @@ async def _send(ws: WebSocket, sub: Subscription, wake: asyncio.Event,
                 await wake.wait()
                 continue
         for i, record in enumerate(records):
-            msg: dict[str, Any] = {k: record[k] for k in fields} if fields else record
+            msg: dict[str, Any] = {k: record[k] for k in fields if k in record} if fields \
+                else record
+            if brief is not None:
+                msg = {**msg, "recorder": brief()}
             if i == 0 and dropped:
                 msg = {**msg, "dropped": dropped}
             await ws.send_text(json.dumps(msg))
@@ -78,7 +87,7 @@ async def telemetry(ws: WebSocket) -> None:
         aloop.call_soon_threadsafe(wake.set)
 
     sub = loop.bus.subscribe(ws.app.state.settings.ws_buffer, notify, every)
-    tasks = {asyncio.create_task(_send(ws, sub, wake, fields)),
+    tasks = {asyncio.create_task(_send(ws, sub, wake, fields, ws.app.state.recorder)),
              asyncio.create_task(_until_closed(ws))}
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)

@@ -53,7 +53,8 @@ def server(model: str, threads: int, metrics: bool, extra: list[str]) -> Iterato
     """`moescope serve` in a subprocess on a free port; yields its URL."""
     port = _free_port()
     cmd = [sys.executable, "-m", "api.cli", "serve", "--model", model, "--port", str(port),
-           "--threads", str(threads), *extra, *([] if metrics else ["--no-metrics"])]
+           "--threads", str(threads), "--no-record", *extra,
+           *([] if metrics else ["--no-metrics"])]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -44,11 +44,20 @@ class _KnobUpdate:
 
 @dataclass
 class _Stream:
-    """Delivery state of one request: its callback, stop strings and how much text is settled."""
+    """Delivery state of one request: its callback, stop strings and how much text is settled.
+
+    It also keeps what the request's lifecycle record needs (arrival, lengths, TTFT).
+    """
 
     on_output: OutputCallback
     stop: tuple[str, ...]
+    arrival: float
+    prompt_len: int
+    max_tokens: int
     settled: int = 0
+    output_len: int = 0
+    ttft_s: float | None = None
+    preemptions: int = 0
 
 
 class EngineDead(RuntimeError):
@@ -60,7 +69,9 @@ class EngineLoop:
 
     Callers submit, abort and change knobs through a queue drained at each step boundary;
     outputs go back through per-request callbacks and telemetry through the bus, so a slow
-    consumer never stalls a step. The text of a delivered output only ever grows: text that
+    consumer never stalls a step. `requests` is a second bus with one record per request when
+    it ends (finished, aborted or failed): id, arrival, prompt/output lengths, max_tokens,
+    TTFT, finish reason, preemptions. The text of a delivered output only ever grows: text that
     may still change (an incomplete UTF-8 sequence, a possible start of a stop string) is
     held back until the request finishes.
     """
@@ -68,6 +79,7 @@ class EngineLoop:
     def __init__(self, engine: LLMEngine, idle_wait_s: float = 0.05) -> None:
         self.engine = engine
         self.bus = TelemetryBus()
+        self.requests = TelemetryBus()
         self.idle_wait_s = idle_wait_s
         self.error: str | None = None
         self.knobs: Knobs = engine.knobs
@@ -222,8 +234,10 @@ class EngineLoop:
 
     def _handle(self, item: _Add | _Abort | _KnobUpdate) -> None:
         if isinstance(item, _Abort):
-            self._streams.pop(item.request_id, None)
+            stream = self._streams.pop(item.request_id, None)
             self.engine.abort(item.request_id)
+            if stream is not None:
+                self._ended(item.request_id, stream, "abort")
         elif isinstance(item, _KnobUpdate):
             self._update_knobs(item)
         else:
@@ -233,7 +247,9 @@ class EngineLoop:
             except ValueError as exc:
                 _call(item.on_output, _error_output(item.request_id, item.token_ids, str(exc)))
                 return
-            self._streams[item.request_id] = _Stream(item.on_output, item.stop)
+            self._streams[item.request_id] = _Stream(
+                item.on_output, item.stop, item.arrival, len(item.token_ids),
+                item.params.max_tokens)
 
     def _update_knobs(self, item: _KnobUpdate) -> None:
         try:
@@ -264,11 +280,28 @@ class EngineLoop:
         if stream is None:
             return
         out = self._settle(out, stream)
+        stream.output_len, stream.ttft_s = len(out.token_ids), out.ttft_s
+        stream.preemptions = out.num_preemptions
         if out.finished:
             del self._streams[out.request_id]
+            self._ended(out.request_id, stream, out.finish_reason or "stop")
         if not _call(stream.on_output, out) and not out.finished:
             self._streams.pop(out.request_id, None)
             self.engine.abort(out.request_id)
+            self._ended(out.request_id, stream, "abort")
+
+    def _ended(self, request_id: str, stream: _Stream, reason: str) -> None:
+        """Publish the request's lifecycle record on `requests` (only when someone listens)."""
+        if not self.requests.num_subscribers:
+            return
+        now = time.time()
+        ttft = None if stream.ttft_s is None else round(stream.ttft_s * 1000, 3)
+        self.requests.publish({
+            "req": request_id, "arrival": stream.arrival, "finished_t": now,
+            "prompt_len": stream.prompt_len, "output_len": stream.output_len,
+            "max_tokens": stream.max_tokens, "ttft_ms": ttft, "finish_reason": reason,
+            "preemptions": stream.preemptions, "e2e_ms": round((now - stream.arrival) * 1000, 3),
+        })
 
     def _settle(self, out: RequestOutput, stream: _Stream) -> RequestOutput:
         """Apply stop strings; hold back text that a later token could still change."""
@@ -299,6 +332,7 @@ class EngineLoop:
                 _call(item.on_output, _error_output(item.request_id, item.token_ids, message))
         for request_id, stream in list(self._streams.items()):
             _call(stream.on_output, _error_output(request_id, [], message))
+            self._ended(request_id, stream, "error")
         self._streams.clear()
 
 

@@ -1,1 +1,21 @@
-"""moescope storage (see DESIGN.md; filled in by its issue)."""
+"""moescope storage: SQLAlchemy models, the background recorder, session queries and replay."""
+
+from storage.models import SCHEMA_VERSION
+from storage.recorder import Recorder
+from storage.store import (
+    DEFAULT_URL,
+    IncompatibleSchema,
+    SessionNotFound,
+    StorageError,
+    Store,
+)
+
+__all__ = [
+    "DEFAULT_URL",
+    "SCHEMA_VERSION",
+    "IncompatibleSchema",
+    "Recorder",
+    "SessionNotFound",
+    "StorageError",
+    "Store",
+]

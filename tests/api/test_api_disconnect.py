@@ -33,8 +33,7 @@ def test_stream_disconnect_frees_kv_within_a_step(
                 if chunks == 5:
                     break
             (request_id,) = served.loop.engine.requests
-            status = http.get("/api/status").json()
-            assert status["kv"]["used"] > 0, status
+            wait_for(lambda: http.get("/api/status").json()["kv"]["used"] > 0, 5, "KV in use")
         wait_for(lambda: request_id not in served.loop.engine.requests, 5, "the abort")
         assert http.get("/api/status").json()["kv"]["used"] == 0
         assert len(aborts) == 1

@@ -1,0 +1,130 @@
+"""Opening a database: engine options (SQLite in WAL mode), schema creation and version check."""
+
+import functools
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, inspect, select
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+
+from storage.models import SCHEMA_VERSION, Base, SchemaInfo
+
+DEFAULT_URL = "sqlite:///moescope.db"
+_dumps = functools.partial(json.dumps, separators=(",", ":"))
+
+
+class StorageError(RuntimeError):
+    """The database cannot be used (missing, unreachable, or not a moescope database)."""
+
+
+class IncompatibleSchema(StorageError):
+    """The database was written by a moescope with another schema version."""
+
+
+class SessionNotFound(KeyError):
+    """No session with this id."""
+
+    def __str__(self) -> str:
+        return f"no session {self.args[0]!r}"
+
+
+def safe_url(url: str) -> str:
+    """The URL with any password hidden, for messages."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - a URL SQLAlchemy cannot parse is reported as given
+        return url
+
+
+def make_engine(url: str, timeout_s: float = 5.0) -> Engine:
+    """An engine for `url`; SQLite files get WAL, synchronous=NORMAL and a busy timeout."""
+    parsed = make_url(url)
+    kwargs: dict[str, Any] = {"json_serializer": _dumps}
+    if parsed.get_backend_name() == "sqlite":
+        kwargs["connect_args"] = {"timeout": timeout_s}
+    else:
+        kwargs["pool_pre_ping"] = True  # a server may have restarted since the last use
+    if parsed.get_backend_name() == "postgresql":
+        kwargs["connect_args"] = {"connect_timeout": max(1, round(timeout_s))}
+    engine = create_engine(url, **kwargs)
+    if parsed.get_backend_name() == "sqlite":
+        event.listen(engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+class Store:
+    """A moescope database: checks (or creates) the schema when opened.
+
+    `create=False` opens an existing database only (for readers such as the command line).
+    Raises IncompatibleSchema for a database of another schema version and StorageError when
+    the database cannot be reached or opened.
+    """
+
+    def __init__(self, url: str = DEFAULT_URL, create: bool = True, timeout_s: float = 5.0) -> None:
+        self.url = url
+        self.display_url = safe_url(url)
+        try:
+            parsed = make_url(url)
+        except Exception as exc:  # noqa: BLE001 - SQLAlchemy raises several kinds here
+            raise StorageError(f"bad database URL {url!r}: {exc}") from None
+        path = parsed.database
+        is_file = parsed.get_backend_name() == "sqlite" and path and path != ":memory:"
+        if is_file and not create and not Path(path).is_file():
+            raise StorageError(f"no database at {self.display_url} (no such file)")
+        try:
+            self.engine = make_engine(url, timeout_s)
+        except (SQLAlchemyError, ImportError) as exc:
+            raise StorageError(f"bad database URL {self.display_url}: {exc}") from None
+        try:
+            self._check_schema(create)
+        except SQLAlchemyError as exc:
+            self.engine.dispose()
+            raise StorageError(f"cannot open {self.display_url}: {_first_line(exc)}") from None
+        except StorageError:
+            self.engine.dispose()
+            raise
+
+    def _check_schema(self, create: bool) -> None:
+        tables = set(inspect(self.engine).get_table_names())
+        if SchemaInfo.__tablename__ not in tables:
+            ours = sorted(tables & set(Base.metadata.tables))
+            if ours:
+                raise IncompatibleSchema(
+                    f"{self.display_url} has moescope tables ({', '.join(ours)}) but no schema "
+                    f"version: it was written by an older moescope. This moescope reads schema "
+                    f"version {SCHEMA_VERSION}; use another --db or move that database away.")
+            if not create:
+                raise StorageError(f"{self.display_url} is not a moescope database")
+            Base.metadata.create_all(self.engine)
+            try:
+                with self.engine.begin() as conn:
+                    conn.execute(SchemaInfo.__table__.insert().values(
+                        id=1, version=SCHEMA_VERSION, created_t=time.time()))
+            except IntegrityError:
+                pass  # another process created it at the same moment; checked below
+        with self.engine.connect() as conn:
+            version = conn.execute(select(SchemaInfo.version).where(SchemaInfo.id == 1)).scalar()
+        if version != SCHEMA_VERSION:
+            raise IncompatibleSchema(
+                f"{self.display_url} has moescope schema version {version}, but this moescope "
+                f"reads version {SCHEMA_VERSION}. Use another --db, or read that database with "
+                f"the moescope version that wrote it.")
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc)
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,22 @@
+"""The dashboard suite's server: tests/api's real uvicorn server around a tiny engine."""
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "api"))
+
+from api_servers import MODEL, Served, serve, stop  # noqa: E402
+
+from api.settings import ServerSettings  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """Recording into a fresh SQLite database, so the replay page has sessions to play."""
+    db = tmp_path_factory.mktemp("db") / "moescope.db"
+    s = serve(ServerSettings(model_name=MODEL, db_url=f"sqlite:///{db}", record=True))
+    yield s
+    stop(s)

@@ -1,0 +1,34 @@
+"""Synthetic StepTelemetry frames for the chart tests."""
+
+from typing import Any
+
+
+def frame(step: int, changes: dict[str, list[Any]] | None = None) -> dict[str, Any]:
+    """Step `step` of a 4-slot batch: slot 0 prefills, slots 1-2 decode; 2 layers x 4 experts."""
+    return {
+        "v": 1, "session": "s", "step": step, "t": 1000.0 + step * 0.01, "knobs_version": 1,
+        "dur_ms": {"schedule": 0.1, "prepare": 0.2, "forward": 2.0, "moe": 1.0, "sample": 0.1,
+                   "total": 2.4},
+        "batch": {"max_slots": 4, "token_budget": 64, "num_prefill_tokens": 16,
+                  "num_decode_tokens": 2,
+                  "slots": [{"slot": 0, "req": f"p{step}", "phase": "prefill", "tokens": 16,
+                             "ctx": 16},
+                            {"slot": 1, "req": "a", "phase": "decode", "tokens": 1, "ctx": 20},
+                            {"slot": 2, "req": "b", "phase": "decode", "tokens": 1, "ctx": 9}]},
+        "queue": {"waiting": 2, "running": 3, "swapped": 0, "arrived": 1, "finished": 1,
+                  "preempted": step % 5 == 0},
+        "kv": {"block_size": 16, "total": 64, "usable": 60, "used": 10, "cached": 5, "free": 45,
+               "tokens": 140, "watermark_blocks": 6, "host_total": 0, "host_used": 0,
+               "prefix_hit_rate": 0.0},
+        "experts": {"layers": 2, "experts": 4, "top_k": 2,
+                    "counts": [[6, 2, 2, 2], [3, 3, 3, 3]], "dropped": [0, 0],
+                    "balance": [0.5, 1.0]},
+        "a2a": {"ep_size": 2, "mode": "modeled", "bytes": [[0, 128], [256, 0]]},
+        "latency": {"ttft_ms": [float(step)], "tpot_ms": [1.0]},
+        "knob_changes": [{"version": 2, "t": 0.0, "origin": "dashboard", "changes": changes}]
+        if changes else [],
+    }
+
+
+def frames(n: int = 30, change_at: int = 10) -> list[dict[str, Any]]:
+    return [frame(i, {"max_num_seqs": [8, 4]} if i == change_at else None) for i in range(n)]

@@ -1,0 +1,75 @@
+"""Streamlit AppTest of the live and replay pages against a real running server."""
+
+from pathlib import Path
+
+from api_servers import Served, traffic, wait_for, wait_idle
+from streamlit.testing.v1 import AppTest
+
+from dashboard.client import get_knobs
+
+APP = str(Path(__file__).parents[2] / "dashboard" / "app.py")
+
+
+def _app(served: Served) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=30)
+    at.session_state["url"] = served.url
+    return at.run()
+
+
+def test_live_page_draws_every_panel_from_the_stream(served: Served) -> None:
+    at = _app(served)
+    assert not at.exception
+    stream = at.session_state["stream"]
+    wait_for(lambda: stream.state == "connected", 10, "the stream to connect")
+    traffic(served.loop, 4, 16)
+    wait_for(lambda: stream.received >= 10, 20, "telemetry")
+    at.run()
+    assert not at.exception
+    charts = at.get("plotly_chart")
+    assert len(charts) == 10
+    assert at.metric[0].value == "connected"
+    assert int(at.metric[1].value) >= stream.frames()[0]["step"]
+    stream.stop()
+
+
+def test_apply_sends_the_patch_and_shows_a_refusal(served: Served) -> None:
+    at = _app(served)
+    version = get_knobs(served.url)["version"]
+    at.number_input(key=f"knob_max_num_seqs_v{version}").set_value(6)
+    at.button(key="apply").click().run()
+    assert not at.exception
+    assert get_knobs(served.url)["knobs"]["max_num_seqs"] == 6
+    assert "accepted as version" in at.success[0].value
+    version += 1
+    at.number_input(key=f"knob_max_num_batched_tokens_v{version}").set_value(2)
+    at.button(key="apply").click().run()
+    assert "must be at least max_num_seqs (6)" in at.error[0].value
+    assert get_knobs(served.url)["knobs"]["max_num_batched_tokens"] != 2
+    at.session_state["stream"].stop()
+
+
+def _replay_script() -> None:
+    from dashboard import replay
+
+    replay.page()
+
+
+def test_replay_page_plays_a_recorded_session_to_its_end(served: Served) -> None:
+    traffic(served.loop, 2, 8)
+    wait_idle(served.loop)
+    at = AppTest.from_function(_replay_script, default_timeout=30)
+    at.session_state["url"] = served.url
+    at.run()
+    assert not at.exception
+    assert at.selectbox(key="replay_session").value["id"] == served.loop.engine.session
+    at.selectbox(key="replay_speed").set_value(0.0)
+    at.button(key="replay_play").click().run()
+    stream = at.session_state["replay_stream"]
+    wait_for(lambda: (stream.replay or {}).get("state") == "ended", 20, "the replay to end")
+    at.run()
+    assert not at.exception
+    assert at.metric[0].value == "ended"
+    assert len(at.get("plotly_chart")) == 10
+    steps = [f["step"] for f in stream.frames()]
+    assert steps == sorted(steps) and len(steps) >= 8
+    stream.stop()

@@ -1,0 +1,56 @@
+"""TelemetryStream: ring buffer, drop count, connection states and reconnecting by itself."""
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from api_servers import wait_for
+from websockets.sync.server import Server, ServerConnection, serve
+
+from dashboard.stream import CONNECTED, GONE, RECONNECTING, TelemetryStream
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def _server(port: int, first_step: int) -> Iterator[Server]:
+    """Sends steps first_step.. (the third one with `dropped: 2`), then waits."""
+
+    def handler(ws: ServerConnection) -> None:
+        for i in range(first_step, first_step + 10):
+            ws.send(json.dumps({"step": i, **({"dropped": 2} if i == first_step + 2 else {})}))
+        for _ in ws:
+            pass
+
+    with serve(handler, "127.0.0.1", port) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        yield server
+        server.shutdown()
+        thread.join()
+
+
+def test_buffer_drops_and_reconnect_after_a_server_restart() -> None:
+    port = _free_port()
+    stream = TelemetryStream(f"ws://127.0.0.1:{port}/ws/telemetry", maxlen=8,
+                             gone_after_s=0.5, max_backoff_s=0.2)
+    try:
+        with _server(port, 0):
+            stream.start()
+            wait_for(lambda: stream.received == 10, 5, "ten frames")
+            assert stream.state == CONNECTED and stream.dropped == 2
+            assert [f["step"] for f in stream.frames()] == list(range(2, 10))
+        wait_for(lambda: stream.state == RECONNECTING, 5, "reconnecting")
+        wait_for(lambda: stream.state == GONE, 5, "server gone")
+        with _server(port, 100):
+            wait_for(lambda: stream.received == 20, 5, "frames after the restart")
+            assert stream.state == CONNECTED and stream.dropped == 4
+            assert stream.frames()[-1]["step"] == 109
+    finally:
+        stream.stop()

@@ -1,0 +1,31 @@
+"""Smoke test: the recorder benchmark runs end to end on the tiny model and keeps other sections."""
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "recorder.py"
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("recorder_benchmark", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quick_run_writes_its_section(tmp_path: Path) -> None:
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# Benchmark results\n\n<!-- other:begin -->\nkept\n<!-- other:end -->\n")
+    bench = _load()
+    section = bench.main(["--quick", "--results", str(results), "--db-dir", str(tmp_path)])
+    assert "| 300 |" in section and "Ratio of mean step time on / off" in section
+    bench.main(["--quick", "--results", str(results), "--db-dir", str(tmp_path)])
+    text = results.read_text()
+    assert text.count(bench.BEGIN) == 1 and text.count(bench.END) == 1 and "kept" in text
+    record = bench.synth_record(3, 1.0, running=64, layers=8, experts=64)
+    assert len(record["batch"]["slots"]) == 64 and len(record["experts"]["counts"]) == 8
+    assert all(len(row) == 64 for row in record["experts"]["counts"])

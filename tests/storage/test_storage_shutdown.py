@@ -1,0 +1,93 @@
+"""How a recording server ends: a clean stop writes everything, SIGKILL leaves a readable DB."""
+
+import contextlib
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+from api_servers import MODEL, serve, stop
+from storage_helpers import run_requests, wait_for
+
+from api.settings import ServerSettings
+from storage import Store
+from storage import queries as q
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stored_steps(path: Path) -> int:
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as conn:
+            return conn.execute("SELECT count(*) FROM steps").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+def test_clean_stop_writes_everything_and_ends_the_session(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'clean.db'}"
+    served = serve(ServerSettings(model_name=MODEL, db_url=url))
+    try:
+        run_requests(served.loop, 3, 10)
+    finally:
+        stop(served)
+    store = Store(url, create=False)
+    (session,) = q.list_sessions(store)
+    assert session["ended_t"] is not None and session["requests"] == 3
+    assert session["steps"] == served.loop.steps  # the last batch was written at shutdown
+    store.close()
+
+
+def test_killed_writer_leaves_a_readable_database(tmp_path: Path) -> None:
+    path, port = tmp_path / "killed.db", _free_port()
+    url = f"sqlite:///{path}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "api.cli", "serve", "--model", "synthetic:tiny", "--port",
+         str(port), "--kv-blocks", "256", "--max-num-seqs", "8", "--threads", "1",
+         "--no-metrics", "--db", url], stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        def up() -> bool:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            try:
+                return httpx.get(base + "/api/status", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(up, timeout=120, what="the server to start")
+        body = {"model": "synthetic:tiny", "prompt": [5, 6, 7], "max_tokens": 900,
+                "ignore_eos": True}
+        for _ in range(2):
+            threading.Thread(target=_post_ignoring_errors, args=(base, body), daemon=True).start()
+        wait_for(lambda: _stored_steps(path) >= 30, timeout=120, what="recorded steps")
+        killed_at = time.time()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    store = Store(url, create=False)
+    (session,) = q.list_sessions(store)
+    assert session["ended_t"] is None and session["steps"] >= 30
+    steps = q.steps(store, session["id"])
+    assert [s["step"] for s in steps] == list(range(len(steps)))  # no holes: whole batches
+    assert killed_at - steps[-1]["t"] < 2.0  # at most the last unflushed batch is lost
+    store.close()
+
+
+def _post_ignoring_errors(base: str, body: dict[str, object]) -> None:
+    with contextlib.suppress(httpx.HTTPError):
+        httpx.post(base + "/v1/completions", json=body, timeout=120)
