@@ -1,4 +1,4 @@
-"""The dashboard (streamlit run this file): the live page and the replay page.
+"""The dashboard (streamlit run this file): the live, replay and compare pages.
 
 The server URL comes from `--url` after `--` on the streamlit command line, the
 MOESCOPE_URL environment variable, or the `url` session-state entry (tests).
@@ -10,7 +10,7 @@ import sys
 
 import streamlit as st
 
-from dashboard import live, replay
+from dashboard import compare_page, live, replay
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -26,7 +26,8 @@ def server_url() -> str:
 def main() -> None:
     st.set_page_config(page_title="moescope", layout="wide")
     pages = st.navigation([st.Page(live.page, title="Live", url_path="live", default=True),
-                           st.Page(replay.page, title="Replay", url_path="replay")])
+                           st.Page(replay.page, title="Replay", url_path="replay"),
+                           st.Page(compare_page.page, title="Compare", url_path="compare")])
     with st.sidebar:
         st.title("moescope")
         st.caption(server_url())

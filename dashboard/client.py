@@ -44,3 +44,37 @@ def list_sessions(url: str) -> list[dict[str, Any]]:
     resp = httpx.get(url.rstrip("/") + "/api/sessions", headers=_headers(), timeout=TIMEOUT_S)
     resp.raise_for_status()
     return resp.json()["sessions"]
+
+
+def _get(url: str, path: str, **params: Any) -> dict[str, Any]:
+    resp = httpx.get(url.rstrip("/") + path, params=params, headers=_headers(),
+                     timeout=TIMEOUT_S)
+    resp.raise_for_status()
+    return resp.json()
+
+
+def get_session(url: str, session_id: str) -> dict[str, Any]:
+    """GET /api/sessions/{id}: the summary (mean step ms, request stats, ...)."""
+    return _get(url, f"/api/sessions/{session_id}")
+
+
+def get_steps(url: str, session_id: str, every: int = 1,
+              max_steps: int = 20_000) -> list[dict[str, Any]]:
+    """GET /api/sessions/{id}/steps, following `next` pages, at most `max_steps` records."""
+    out: list[dict[str, Any]] = []
+    start: int | None = None
+    while len(out) < max_steps:
+        params: dict[str, Any] = {"limit": min(10_000, max_steps - len(out)), "every": every}
+        if start is not None:
+            params["from"] = start
+        body = _get(url, f"/api/sessions/{session_id}/steps", **params)
+        out.extend(body["steps"])
+        start = body["next"]
+        if start is None:
+            break
+    return out
+
+
+def get_requests(url: str, session_id: str) -> list[dict[str, Any]]:
+    """GET /api/sessions/{id}/requests: request records in arrival order."""
+    return _get(url, f"/api/sessions/{session_id}/requests")["requests"]

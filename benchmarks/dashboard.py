@@ -1,0 +1,294 @@
+"""Dashboard stream and render cost with the engine publishing >= 100 steps/s.
+
+A real server (api.server.ServerThread) around synthetic:tiny is kept busy with small
+requests (prompt 8, 16 output tokens, 8 running), so it steps several hundred times a second.
+1. Lag: a separate process (like a dashboard) runs the dashboard's TelemetryStream for
+   `--lag-s` seconds, sampling the time since its newest frame was produced (`now - frame t`)
+   and the step it has reached against the server's step, every 0.25 s. Keeping up means the
+   lag in the last quarter is no larger than in the first.
+2. Render: the stream's last 600 real frames go through every chart function
+   (`charts.live_figures`) and, as st.plotly_chart does, through `Figure.to_json`; median of
+   `--repeats` runs. Target < 200 ms.
+3. Overhead: mean engine step time (the loop's `busy_s / steps`) in alternating blocks with
+   three stream consumers attached (one separate process) and none. Target within 3%.
+Writes a section of benchmarks/RESULTS.md. Run: `python benchmarks/dashboard.py`
+(`--quick` for a smoke run, `--no-write` to leave RESULTS.md alone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from api.app import create_app  # noqa: E402
+from api.server import ServerThread, build_loop  # noqa: E402
+from api.settings import ServerSettings  # noqa: E402
+from dashboard import charts  # noqa: E402
+from dashboard.client import ws_url  # noqa: E402
+from dashboard.stream import CONNECTED, TelemetryStream  # noqa: E402
+from engine import SamplingParams  # noqa: E402
+from engine.loop import EngineLoop  # noqa: E402
+
+RESULTS_PATH = ROOT / "benchmarks" / "RESULTS.md"
+BEGIN = "<!-- dashboard:begin -->"
+END = "<!-- dashboard:end -->"
+MODEL = "synthetic:tiny"
+RUNNING = 8
+
+
+class Traffic:
+    """Keeps about RUNNING small requests in the engine until stopped."""
+
+    def __init__(self, loop: EngineLoop) -> None:
+        self.loop = loop
+        self.done = threading.Semaphore(RUNNING)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+        i = 0
+        while not self._stop.is_set():
+            if not self.done.acquire(timeout=0.1):
+                continue
+            i += 1
+
+            def on_out(out: Any) -> None:
+                if getattr(out, "finished", False):
+                    self.done.release()
+
+            self.loop.submit([256, *range(1 + i % 50, 8 + i % 50)], params, on_out)
+
+    def __enter__(self) -> Traffic:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def consumer(url: str, n: int, seconds: float, out: str) -> None:
+    """The child process: `n` dashboard streams for `seconds`; samples of stream 0 and its
+    last frames go to `out` as JSON."""
+    streams = [TelemetryStream(ws_url(url), maxlen=600).start() for _ in range(n)]
+    deadline = time.monotonic() + 10
+    while any(s.state != CONNECTED for s in streams) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    print("connected", flush=True)
+    samples = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(0.25)
+        frames = streams[0].frames()
+        if frames:
+            samples.append({"now": time.time(), "step": frames[-1]["step"],
+                            "lag_s": time.time() - frames[-1]["t"],
+                            "received": streams[0].received})
+    result = {"samples": samples, "frames": streams[0].frames(),
+              "dropped": [s.dropped for s in streams], "received": [s.received for s in streams]}
+    for s in streams:
+        s.stop()
+    Path(out).write_text(json.dumps(result))
+
+
+def spawn(url: str, n: int, seconds: float, out: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, __file__, "--consumer", url, str(n), str(seconds),
+                             out], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "connected"
+    return proc
+
+
+def lag_run(url: str, loop: EngineLoop, seconds: float, tmp: str) -> dict[str, Any]:
+    """One consumer process for `seconds`: its steps/s, lag samples and last frames."""
+    out = os.path.join(tmp, "lag.json")
+    steps0 = loop.steps
+    t0 = time.monotonic()
+    spawn(url, 1, seconds, out).wait(timeout=seconds + 30)
+    server_rate = (loop.steps - steps0) / (time.monotonic() - t0)
+    res = json.loads(Path(out).read_text())
+    samples = res["samples"]
+    q = max(1, len(samples) // 4)
+    first, last = samples[:q], samples[-q:]
+    span = samples[-1]["now"] - samples[0]["now"] if len(samples) > 1 else 0.0
+    rate = (samples[-1]["step"] - samples[0]["step"]) / span if span else 0.0
+    for s in samples:  # steps the server made since the newest received one, at this rate
+        s["step_lag"] = s["lag_s"] * rate
+    return {
+        "seconds": seconds, "steps_per_s": rate, "server_steps_per_s": server_rate,
+        "samples": len(samples), "dropped": res["dropped"][0],
+        "lag_ms_first": 1000 * statistics.mean(s["lag_s"] for s in first),
+        "lag_ms_last": 1000 * statistics.mean(s["lag_s"] for s in last),
+        "lag_ms_max": 1000 * max(s["lag_s"] for s in samples),
+        "step_lag_first": statistics.mean(s["step_lag"] for s in first),
+        "step_lag_last": statistics.mean(s["step_lag"] for s in last),
+        "step_lag_max": max(s["step_lag"] for s in samples),
+        "frames": res["frames"],
+    }
+
+
+def render_run(frames: list[dict[str, Any]], repeats: int) -> dict[str, float]:
+    build, full = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        figs = charts.live_figures(frames)
+        t1 = time.perf_counter()
+        for f in figs.values():
+            f.to_json()
+        t2 = time.perf_counter()
+        build.append(1000 * (t1 - t0))
+        full.append(1000 * (t2 - t0))
+    return {"frames": len(frames), "build_ms": statistics.median(build),
+            "build_json_ms": statistics.median(full), "build_ms_max": max(build),
+            "build_json_ms_max": max(full)}
+
+
+def _block(loop: EngineLoop, seconds: float) -> float:
+    b0, s0 = loop.busy_s, loop.steps
+    time.sleep(seconds)
+    return 1000 * (loop.busy_s - b0) / max(loop.steps - s0, 1)
+
+
+def overhead_run(url: str, loop: EngineLoop, rounds: int, block_s: float,
+                 tmp: str) -> dict[str, Any]:
+    off: list[float] = []
+    on: list[float] = []
+    for r in range(rounds):
+        time.sleep(0.3)
+        off.append(_block(loop, block_s))
+        proc = spawn(url, 3, block_s + 1.0, os.path.join(tmp, f"on{r}.json"))
+        time.sleep(0.3)
+        on.append(_block(loop, block_s))
+        proc.wait(timeout=30)
+    ratio = statistics.mean(on) / statistics.mean(off)
+    pairs = [b / a for a, b in zip(off, on, strict=True)]
+    return {"off_ms": statistics.mean(off), "on_ms": statistics.mean(on), "ratio": ratio,
+            "pair_median": statistics.median(pairs), "rounds": rounds, "block_s": block_s,
+            "off": off, "on": on}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    loop = build_loop(MODEL, num_kv_blocks=256, max_num_seqs=RUNNING,
+                      max_num_batched_tokens=256)
+    server = ServerThread(create_app(loop, ServerSettings(model_name=MODEL))).start()
+    try:
+        with Traffic(loop), tempfile.TemporaryDirectory() as tmp:
+            time.sleep(0.5)
+            lag = lag_run(server.url, loop, args.lag_s, tmp)
+            render = render_run(lag.pop("frames")[-600:], args.repeats)
+            overhead = overhead_run(server.url, loop, args.rounds, args.block_s, tmp)
+    finally:
+        server.stop()
+        loop.stop()
+    return {"lag": lag, "render": render, "overhead": overhead}
+
+
+def render_section(res: dict[str, Any], argv: list[str], runtime_s: float) -> str:
+    lag, ren, ov = res["lag"], res["render"], res["overhead"]
+    cmd = " ".join(["python benchmarks/dashboard.py", *argv])
+    keeps = lag["lag_ms_last"] <= lag["lag_ms_first"] + 50  # a growing backlog exceeds this
+    rows = [
+        ("engine steps/s seen by the stream", f"{lag['steps_per_s']:.0f}", ">= 100",
+         "yes" if lag["steps_per_s"] >= 100 else "no"),
+        ("lag, first / last quarter (ms)", f"{lag['lag_ms_first']:.1f} / "
+         f"{lag['lag_ms_last']:.1f} (max {lag['lag_ms_max']:.1f})", "not growing",
+         "yes" if keeps else "no"),
+        ("engine steps/s (loop counter, incl. startup of the consumer)",
+         f"{lag['server_steps_per_s']:.0f}", "–", "–"),
+        ("lag in steps (lag × steps/s), first / last quarter", f"{lag['step_lag_first']:.2f} / "
+         f"{lag['step_lag_last']:.2f} (max {lag['step_lag_max']:.2f})", "not growing",
+         "yes" if keeps else "no"),
+        ("steps dropped for the stream", str(lag["dropped"]), "0",
+         "yes" if lag["dropped"] == 0 else "no"),
+        (f"render one refresh, {ren['frames']} frames: chart functions (ms, median)",
+         f"{ren['build_ms']:.1f} (max {ren['build_ms_max']:.1f})", "< 200",
+         "yes" if ren["build_ms"] < 200 else "no"),
+        ("… plus Figure.to_json, as st.plotly_chart does (ms, median)",
+         f"{ren['build_json_ms']:.1f} (max {ren['build_json_ms_max']:.1f})", "–", "–"),
+        ("mean step ms, no consumer / 3 consumers", f"{ov['off_ms']:.3f} / {ov['on_ms']:.3f}",
+         "–", "–"),
+        ("ratio 3 consumers / none", f"{ov['ratio']:.3f} (pair median "
+         f"{ov['pair_median']:.3f})", "<= 1.03", "yes" if ov["ratio"] <= 1.03 else "no"),
+    ]
+    import torch  # noqa: PLC0415 - only for the machine line
+
+    lines = [
+        BEGIN,
+        "## Dashboard stream and render (`benchmarks/dashboard.py`)",
+        "",
+        f"- Command: `{cmd}`",
+        f"- Date: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; total runtime "
+        f"{runtime_s:.0f} s",
+        f"- Machine: {os.cpu_count()} CPU cores, shared (other work runs at the same time); "
+        f"torch {torch.__version__}, Python {platform.python_version()}",
+        f"- Workload: {MODEL} behind a real server, kept at {RUNNING} running requests "
+        "(prompt 8, 16 output tokens); no recording. Consumers are `dashboard.stream."
+        "TelemetryStream`s in a separate process, like the dashboard's. Lag: one consumer for "
+        f"{lag['seconds']:g} s, sampled every 0.25 s as now − the newest frame's `t` (when the "
+        "step was produced), and that × steps/s as steps behind. Render: the consumer's "
+        "last 600 real frames through "
+        "`charts.live_figures` (all 10 panels). Overhead: the loop's busy_s / steps in "
+        f"{ov['rounds']} alternating blocks of {ov['block_s']:g} s, none then 3 consumers.",
+        "",
+        "| measure | value | target | met |",
+        "| --- | --- | --- | --- |",
+        *[f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows],
+        "",
+        "Per-block mean step ms, none: " + " / ".join(f"{x:.3f}" for x in ov["off"])
+        + "; 3 consumers: " + " / ".join(f"{x:.3f}" for x in ov["on"]) + ".",
+        END,
+    ]
+    return "\n".join(lines)
+
+
+def write_section(path: Path, section: str) -> None:
+    """Replace this benchmark's section of RESULTS.md (or append it)."""
+    text = path.read_text() if path.exists() else "# Benchmark results\n"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + section + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    path.write_text(text)
+
+
+def main(argv: list[str]) -> dict[str, Any]:
+    if argv[:1] == ["--consumer"]:
+        consumer(argv[1], int(argv[2]), float(argv[3]), argv[4])
+        return {}
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--lag-s", type=float, default=10.0)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--block-s", type=float, default=3.0)
+    p.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
+    p.add_argument("--no-write", action="store_true", help="leave RESULTS.md alone")
+    p.add_argument("--results", type=Path, default=RESULTS_PATH)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.lag_s, args.repeats, args.rounds, args.block_s = 1.5, 1, 1, 0.5
+    t0 = time.monotonic()
+    res = run(args)
+    section = render_section(res, argv, time.monotonic() - t0)
+    print(section)
+    if not args.no_write:
+        write_section(args.results, section)
+    return res
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,75 @@
+"""The Compare page: two recorded sessions (e.g. an original and its rerun) side by side."""
+
+from typing import Any
+
+import streamlit as st
+
+from dashboard import charts
+from dashboard.client import get_requests, get_session, get_steps, list_sessions
+from dashboard.compare import delta_rows, summarize
+
+MAX_CHART_STEPS = 3000
+CHARTS = ("throughput", "latency", "step_time", "queues", "imbalance", "kv")
+FIGURES = {"throughput": charts.throughput, "latency": charts.latency,
+           "step_time": charts.step_time, "queues": charts.queues,
+           "imbalance": charts.imbalance, "kv": charts.kv_area}
+
+
+def _label(s: dict[str, Any]) -> str:
+    name = s.get("label") or s.get("kind", "")
+    return f"{s['id']} · {name} · {s.get('steps', '?')} steps · {s.get('requests', '?')} req"
+
+
+@st.cache_data(ttl=5, show_spinner="loading session…")
+def load(url: str, session_id: str) -> tuple[dict[str, Any], list[dict[str, Any]],
+                                            list[dict[str, Any]]]:
+    """The session's summary, its first MAX_CHART_STEPS steps and its requests."""
+    return (get_session(url, session_id), get_steps(url, session_id, max_steps=MAX_CHART_STEPS),
+            get_requests(url, session_id))
+
+
+def default_pair(sessions: list[dict[str, Any]]) -> tuple[int, int]:
+    """Indices of A and B: the newest rerun and its parent, else the two newest sessions."""
+    ids = [s["id"] for s in sessions]
+    for i, s in enumerate(sessions):
+        if s.get("parent") in ids:
+            return ids.index(s["parent"]), i
+    return (1, 0) if len(sessions) > 1 else (0, 0)
+
+
+def page() -> None:
+    url = st.session_state["url"]
+    try:
+        sessions = list_sessions(url)
+    except Exception as exc:  # noqa: BLE001 - shown on the page
+        st.error(f"cannot list sessions: {exc}")
+        return
+    if not sessions:
+        st.info("no recorded sessions")
+        return
+    a_idx, b_idx = default_pair(sessions)
+    with st.sidebar:
+        a = st.selectbox("session A", sessions, index=a_idx, format_func=_label, key="cmp_a")
+        b = st.selectbox("session B", sessions, index=b_idx, format_func=_label, key="cmp_b")
+    try:
+        sess_a, steps_a, reqs_a = load(url, a["id"])
+        sess_b, steps_b, reqs_b = load(url, b["id"])
+    except Exception as exc:  # noqa: BLE001 - shown on the page
+        st.error(f"cannot load sessions: {exc}")
+        return
+    sum_a, sum_b = summarize(sess_a, steps_a, reqs_a), summarize(sess_b, steps_b, reqs_b)
+    st.subheader(f"A: {_label(a)}  vs  B: {_label(b)}")
+    st.dataframe(delta_rows(sum_a, sum_b), hide_index=True, key="cmp_table")
+    for side, s in (("A", sess_a), ("B", sess_b)):
+        if s.get("steps", 0) > MAX_CHART_STEPS:
+            st.caption(f"{side}: charts and imbalance show the first {MAX_CHART_STEPS} of "
+                       f"{s['steps']} steps")
+    for name in CHARTS:
+        cols = st.columns(2)
+        for col, side, steps in ((cols[0], "A", steps_a), (cols[1], "B", steps_b)):
+            if not steps:
+                col.info(f"{side}: no steps recorded")
+                continue
+            fig = FIGURES[name](steps)
+            fig.update_layout(title=f"{side}: {fig.layout.title.text}")
+            col.plotly_chart(fig, key=f"cmp_{name}_{side}")
