@@ -1,8 +1,20 @@
 """A client that goes away mid-request aborts it, and its KV blocks are freed at once."""
 
+from collections.abc import Iterator
+
 import httpx
 import pytest
-from api_servers import MODEL, Served, wait_for, wait_idle
+from api_servers import MODEL, Served, serve, stop, wait_for, wait_idle
+
+from api.settings import ServerSettings
+
+
+@pytest.fixture(scope="module")
+def fresh() -> Iterator[Served]:
+    """A server of its own: knobs and traffic left by other tests cannot hold this KV back."""
+    s = serve(ServerSettings(model_name=MODEL, max_tokens_limit=1000))
+    yield s
+    stop(s)
 
 
 def _abort_spy(served: Served, monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -19,21 +31,22 @@ def _abort_spy(served: Served, monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def test_stream_disconnect_frees_kv_within_a_step(
-    served: Served, monkeypatch: pytest.MonkeyPatch
+    fresh: Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    served = fresh
     wait_idle(served.loop)
     aborts = _abort_spy(served, monkeypatch)
     body = {"model": MODEL, "prompt": "x" * 100, "max_tokens": 900, "ignore_eos": True,
             "stream": True}
     with httpx.Client(base_url=served.url, timeout=30) as http:
         with http.stream("POST", "/v1/completions", json=body) as resp:
+            lines = resp.iter_lines()  # kept open: closing it would disconnect now
             chunks = 0
-            for line in resp.iter_lines():
-                chunks += line.startswith("data: ")
-                if chunks == 5:
-                    break
+            while chunks < 5:
+                chunks += next(lines).startswith("data: ")
             (request_id,) = served.loop.engine.requests
-            wait_for(lambda: http.get("/api/status").json()["kv"]["used"] > 0, 5, "KV in use")
+            assert http.get("/api/status").json()["kv"]["used"] > 0
+            assert not aborts
         wait_for(lambda: request_id not in served.loop.engine.requests, 5, "the abort")
         assert http.get("/api/status").json()["kv"]["used"] == 0
         assert len(aborts) == 1
@@ -45,8 +58,9 @@ def test_stream_disconnect_frees_kv_within_a_step(
 
 
 def test_non_streaming_disconnect_aborts_too(
-    served: Served, monkeypatch: pytest.MonkeyPatch
+    fresh: Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    served = fresh
     wait_idle(served.loop)
     aborts = _abort_spy(served, monkeypatch)
     body = {"model": MODEL, "prompt": "y" * 20, "max_tokens": 1000, "ignore_eos": True}
