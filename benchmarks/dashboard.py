@@ -34,8 +34,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from results_md import write_section  # noqa: E402
-
 from api.app import create_app  # noqa: E402
 from api.server import ServerThread, build_loop  # noqa: E402
 from api.settings import ServerSettings  # noqa: E402
@@ -257,6 +255,17 @@ def render_section(res: dict[str, Any], argv: list[str], runtime_s: float) -> st
     return "\n".join(lines)
 
 
+def write_section(path: Path, section: str) -> None:
+    """Replace this benchmark's section of RESULTS.md (or append it)."""
+    text = path.read_text() if path.exists() else "# Benchmark results\n"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + section + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    path.write_text(text)
+
+
 def main(argv: list[str]) -> dict[str, Any]:
     if argv[:1] == ["--consumer"]:
         consumer(argv[1], int(argv[2]), float(argv[3]), argv[4])
@@ -277,7 +286,7 @@ def main(argv: list[str]) -> dict[str, Any]:
     section = render_section(res, argv, time.monotonic() - t0)
     print(section)
     if not args.no_write:
-        write_section(args.results, section, BEGIN, END)
+        write_section(args.results, section)
     return res
 
 
