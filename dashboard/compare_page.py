@@ -5,8 +5,9 @@ from typing import Any
 import streamlit as st
 
 from dashboard import charts
-from dashboard.client import get_requests, get_session, get_steps, list_sessions
+from dashboard.client import get_requests, get_session, get_steps
 from dashboard.compare import delta_rows, summarize
+from dashboard.session_picker import recorded_sessions
 
 MAX_CHART_STEPS = 3000
 CHARTS = ("throughput", "latency", "step_time", "queues", "imbalance", "kv")
@@ -39,13 +40,8 @@ def default_pair(sessions: list[dict[str, Any]]) -> tuple[int, int]:
 
 def page() -> None:
     url = st.session_state["url"]
-    try:
-        sessions = list_sessions(url)
-    except Exception as exc:  # noqa: BLE001 - shown on the page
-        st.error(f"cannot list sessions: {exc}")
-        return
-    if not sessions:
-        st.info("no recorded sessions")
+    sessions = recorded_sessions(url)
+    if sessions is None:
         return
     a_idx, b_idx = default_pair(sessions)
     with st.sidebar:

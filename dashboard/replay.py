@@ -4,8 +4,9 @@ from typing import Any
 
 import streamlit as st
 
-from dashboard.client import list_sessions, ws_url
+from dashboard.client import ws_url
 from dashboard.live import REFRESH_S, draw_charts
+from dashboard.session_picker import recorded_sessions
 from dashboard.stream import TelemetryStream
 
 SPEEDS = (0.5, 1.0, 2.0, 5.0, 20.0, 0.0)
@@ -53,13 +54,8 @@ def replay_view(stream: TelemetryStream, window: int) -> None:
 
 def page() -> None:
     url = st.session_state["url"]
-    try:
-        sessions = list_sessions(url)
-    except Exception as exc:  # noqa: BLE001 - shown on the page
-        st.error(f"cannot list sessions: {exc}")
-        return
-    if not sessions:
-        st.info("no recorded sessions")
+    sessions = recorded_sessions(url)
+    if sessions is None:
         return
     with st.sidebar:
         chosen = st.selectbox("session", sessions, format_func=_label, key="replay_session")
