@@ -29,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from results_md import write_section  # noqa: E402
+
 from engine.config import ModelConfig  # noqa: E402
 from engine.model.context import ForwardContext  # noqa: E402
 from engine.model.moe import MoEBlock, route  # noqa: E402
@@ -182,17 +184,6 @@ def render(shape: dict, names: list[str], results: dict[int, dict[str, float]],
     return "\n".join(lines)
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace this benchmark's section of RESULTS.md, or append it; other sections stay."""
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + section + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text)
-
-
 def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny layer, short timings")
@@ -210,7 +201,7 @@ def main(argv: list[str] | None = None) -> str:
     print(section)
     path = args.results or (None if args.quick else RESULTS_PATH)
     if path is not None:
-        write_section(path, section)
+        write_section(path, section, BEGIN, END)
     return section
 
 

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from results_md import write_section
 
 from engine import LLMEngine, SamplingParams
 
@@ -634,18 +635,6 @@ def render_section(args: argparse.Namespace, argv: list[str], shape: Shape, wl: 
     return "\n".join(parts)
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace this benchmark's section of RESULTS.md (or append it)."""
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        tail = rest.split(END, 1)[1]
-        text = head + section + tail
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text)
-
-
 # ---------------------------------------------------------------- main
 
 
@@ -776,7 +765,7 @@ def main(argv: list[str] | None = None) -> str:
                              time.perf_counter() - started)
     print(section)
     if args.results is not None and not args.no_write:
-        write_section(args.results, section)
+        write_section(args.results, section, BEGIN, END)
         progress(f"wrote {args.results}")
     return section
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from results_md import write_section
 
 from engine import LLMEngine, SamplingParams
 from engine.bus import TelemetryBus
@@ -195,17 +196,6 @@ def render(args: argparse.Namespace, argv: list[str], tp: dict[str, Any], oh: di
     return "\n".join(lines)
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace this benchmark's section of RESULTS.md (or append it)."""
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + section + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text)
-
-
 def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=20000, help="records for the throughput run")
@@ -239,7 +229,7 @@ def main(argv: list[str] | None = None) -> str:
         print(f"overhead: on/off {oh['ratio']:.4f}", file=sys.stderr, flush=True)
     section = render(args, shown, tp, oh, db_bytes, time.perf_counter() - started)
     print(section)
-    write_section(args.results, section)
+    write_section(args.results, section, BEGIN, END)
     return section
 
 

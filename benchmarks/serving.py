@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 import torch
+from results_md import write_section
 from websockets.sync.client import connect
 
 from api.load import Arrival, parse_dist, poisson_arrivals, run_load
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> str:
     section = render(args, argv, rate_rows, runs, consumer_stats,
                      time.perf_counter() - started)
     print(section)
-    write_section(args.results, section)
+    write_section(args.results, section, BEGIN, END)
     return section
 
 
@@ -274,18 +275,6 @@ def render(
         END,
     ]
     return "\n".join(lines)
-
-
-def write_section(path: Path, section: str) -> None:
-    """Replace this benchmark's section of RESULTS.md (or append it)."""
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        tail = rest.split(END, 1)[1]
-        text = head + section + tail
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text)
 
 
 if __name__ == "__main__":

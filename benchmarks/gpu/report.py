@@ -8,10 +8,14 @@ run it here on the files that run_all.sh left in $OUT.
 """
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
-from bench_util import load
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for results_md
+
+from bench_util import load  # noqa: E402
+from results_md import write_section  # noqa: E402
 
 TARGET = 0.6
 BEGIN, END = "<!-- gpu_kernels:begin -->", "<!-- gpu_kernels:end -->"
@@ -88,7 +92,7 @@ def render(roof: dict[str, Any], rows: list[dict[str, Any]],
     return "\n".join(lines) + "\n"
 
 
-def write_section(path: Path, table: str) -> None:
+def write_results(path: Path, table: str) -> None:
     """Replace the gpu_kernels section of RESULTS.md with this table, or append it."""
     section = "\n".join([
         BEGIN, "## GPU kernels and engine (`benchmarks/gpu/run_all.sh`)", "",
@@ -97,13 +101,7 @@ def write_section(path: Path, table: str) -> None:
         "- Times: triton.testing.do_bench (L2 flushed between calls); bf16; uniform random "
         "routing; each implementation computes gather, both projections, weighting and scatter",
         "", table.rstrip("\n"), END])
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + section + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text)
+    write_section(path, section, BEGIN, END)
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -120,7 +118,7 @@ def main(argv: list[str] | None = None) -> str:
     if args.out is not None:
         args.out.write_text(text)
     if args.results is not None:
-        write_section(args.results, text)
+        write_results(args.results, text)
     return text
 
 

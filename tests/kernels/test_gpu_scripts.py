@@ -36,8 +36,8 @@ def test_report_rewrites_only_its_results_section(
     results = tmp_path / "RESULTS.md"
     other = "<!-- moe_layer:begin -->\nkept\n<!-- moe_layer:end -->"
     results.write_text(f"# Benchmark results\n\n{other}\n")
-    report.write_section(results, "first table\n")
-    report.write_section(results, "second table\n")
+    report.write_results(results, "first table\n")
+    report.write_results(results, "second table\n")
     text = results.read_text()
     assert other in text and "second table" in text and "first table" not in text
     assert text.count(report.BEGIN) == 1

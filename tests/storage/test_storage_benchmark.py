@@ -1,26 +1,13 @@
 """Smoke test: the recorder benchmark runs end to end on the tiny model and keeps other sections."""
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "recorder.py"
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("recorder_benchmark", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+import recorder as bench  # benchmarks/ is on pytest's pythonpath
 
 
 def test_quick_run_writes_its_section(tmp_path: Path) -> None:
     results = tmp_path / "RESULTS.md"
     results.write_text("# Benchmark results\n\n<!-- other:begin -->\nkept\n<!-- other:end -->\n")
-    bench = _load()
     section = bench.main(["--quick", "--results", str(results), "--db-dir", str(tmp_path)])
     assert "| 300 |" in section and "Ratio of mean step time on / off" in section
     bench.main(["--quick", "--results", str(results), "--db-dir", str(tmp_path)])

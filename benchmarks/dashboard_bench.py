@@ -11,7 +11,7 @@ requests (prompt 8, 16 output tokens, 8 running), so it steps several hundred ti
    `--repeats` runs. Target < 200 ms.
 3. Overhead: mean engine step time (the loop's `busy_s / steps`) in alternating blocks with
    three stream consumers attached (one separate process) and none. Target within 3%.
-Writes a section of benchmarks/RESULTS.md. Run: `python benchmarks/dashboard.py`
+Writes a section of benchmarks/RESULTS.md. Run: `python benchmarks/dashboard_bench.py`
 (`--quick` for a smoke run, `--no-write` to leave RESULTS.md alone).
 """
 
@@ -33,6 +33,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from results_md import write_section  # noqa: E402
 
 from api.app import create_app  # noqa: E402
 from api.server import ServerThread, build_loop  # noqa: E402
@@ -199,7 +201,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def render_section(res: dict[str, Any], argv: list[str], runtime_s: float) -> str:
     lag, ren, ov = res["lag"], res["render"], res["overhead"]
-    cmd = " ".join(["python benchmarks/dashboard.py", *argv])
+    cmd = " ".join(["python benchmarks/dashboard_bench.py", *argv])
     keeps = lag["lag_ms_last"] <= lag["lag_ms_first"] + 50  # a growing backlog exceeds this
     rows = [
         ("engine steps/s seen by the stream", f"{lag['steps_per_s']:.0f}", ">= 100",
@@ -228,7 +230,7 @@ def render_section(res: dict[str, Any], argv: list[str], runtime_s: float) -> st
 
     lines = [
         BEGIN,
-        "## Dashboard stream and render (`benchmarks/dashboard.py`)",
+        "## Dashboard stream and render (`benchmarks/dashboard_bench.py`)",
         "",
         f"- Command: `{cmd}`",
         f"- Date: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; total runtime "
@@ -255,17 +257,6 @@ def render_section(res: dict[str, Any], argv: list[str], runtime_s: float) -> st
     return "\n".join(lines)
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace this benchmark's section of RESULTS.md (or append it)."""
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + section + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text)
-
-
 def main(argv: list[str]) -> dict[str, Any]:
     if argv[:1] == ["--consumer"]:
         consumer(argv[1], int(argv[2]), float(argv[3]), argv[4])
@@ -286,7 +277,7 @@ def main(argv: list[str]) -> dict[str, Any]:
     section = render_section(res, argv, time.monotonic() - t0)
     print(section)
     if not args.no_write:
-        write_section(args.results, section)
+        write_section(args.results, section, BEGIN, END)
     return res
 
 
