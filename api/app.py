@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
-from api import control, metrics, openai_routes, replay_ws, sessions, telemetry_ws
+from api import control, experts, metrics, openai_routes, replay_ws, sessions, telemetry_ws
 from api.auth import GuardMiddleware
 from api.errors import install_error_handlers
 from api.metrics import Metrics
@@ -52,7 +52,8 @@ def create_app(loop: EngineLoop, settings: ServerSettings | None = None) -> Fast
     app.state.recorder = recorder
     app.state.rerun = None
     install_error_handlers(app)
-    for module in (openai_routes, control, telemetry_ws, metrics, sessions, replay_ws):
+    for module in (openai_routes, control, experts, telemetry_ws, metrics, sessions,
+                   replay_ws):
         app.include_router(module.router)
     app.add_middleware(GuardMiddleware, api_key=settings.api_key, admin_key=settings.admin_key,
                        max_body_bytes=settings.max_body_bytes)

@@ -10,6 +10,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from api.errors import error_body
 
 ADMIN_ROUTES = (("PATCH", re.compile(r"/api/knobs")),
+                ("POST", re.compile(r"/api/experts/rebalance")),
                 ("DELETE", re.compile(r"/api/sessions/[^/]+")),
                 ("POST", re.compile(r"/api/sessions/[^/]+/(rerun|label)")))
 

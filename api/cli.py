@@ -1,6 +1,7 @@
 """The `moescope` command line."""
 
 import argparse
+import os
 import random
 import sys
 import time
@@ -11,11 +12,12 @@ import uvicorn
 from api.app import create_app
 from api.demo import run_demo
 from api.load import add_load_arguments, main_load, percentile
-from api.server import build_loop
+from api.server import build_loop, config_from_args
 from api.sessions_cli import add_session_commands, default_db
 from api.settings import ServerSettings
 from dashboard.__main__ import main as dashboard_main
 from engine import LLM, SamplingParams
+from engine.ep_ranks import serve_rank, torchrun_rank
 from engine.outputs import RequestOutput
 from storage import StorageError
 
@@ -63,12 +65,21 @@ def cmd_serve(args: argparse.Namespace) -> None:
         record_buffer=args.record_buffer)
     if args.host not in ("127.0.0.1", "localhost", "::1") and settings.api_key is None:
         print(f"warning: serving on {args.host} without an API key", file=sys.stderr)
+    rank = torchrun_rank()
+    if rank is not None and args.ep is None:
+        args.ep = int(os.environ["WORLD_SIZE"])
+    engine_args = dict(dtype=args.dtype, device=args.device, seed=args.seed,
+                       num_kv_blocks=args.kv_blocks, block_size=args.block_size,
+                       max_num_seqs=args.max_num_seqs,
+                       max_num_batched_tokens=args.max_num_batched_tokens,
+                       ep_size=args.ep or args.ep_size, ep_distributed=args.ep is not None,
+                       router_skew=args.router_skew)
+    if rank:
+        serve_rank(config_from_args(args.model, **engine_args))
+        return
     try:
-        loop = build_loop(args.model, dtype=args.dtype, device=args.device, seed=args.seed,
-                          num_kv_blocks=args.kv_blocks, block_size=args.block_size,
-                          max_num_seqs=args.max_num_seqs,
-                          max_num_batched_tokens=args.max_num_batched_tokens)
-    except ValueError as exc:
+        loop = build_loop(args.model, **engine_args)
+    except (ValueError, RuntimeError) as exc:
         raise SystemExit(f"moescope serve: {exc}") from None
     try:
         app = create_app(loop, settings)
@@ -121,6 +132,13 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="steps buffered while the database is slow or gone, then dropped")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     p.add_argument("--log-level", default="warning")
+    ep = p.add_mutually_exclusive_group()
+    ep.add_argument("--ep", type=int, default=None, metavar="N",
+                    help="expert parallel over N processes (gloo/NCCL); measured all-to-all")
+    ep.add_argument("--ep-size", type=int, default=None, metavar="N",
+                    help="model N expert-parallel ranks in this one process")
+    p.add_argument("--router-skew", type=float, default=None,
+                   help="synthetic models: how uneven expert popularity is (0 = even)")
     p.set_defaults(func=cmd_serve)
 
 

@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                403: "permission_error", 404: "not_found_error", 405: "invalid_request_error",
-               413: "invalid_request_error",
+               409: "invalid_request_error", 413: "invalid_request_error",
                422: "invalid_request_error", 503: "service_unavailable"}
 
 

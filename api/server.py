@@ -9,13 +9,18 @@ import uvicorn
 from fastapi import FastAPI
 
 from engine import LLMEngine
+from engine.config import EngineConfig, engine_config
 from engine.loop import EngineLoop
+
+
+def config_from_args(model: str, **engine_args: Any) -> EngineConfig:
+    """The engine config for command-line style arguments (None takes the engine default)."""
+    return engine_config(model, **{k: v for k, v in engine_args.items() if v is not None})
 
 
 def build_loop(model: str, **engine_args: Any) -> EngineLoop:
     """An EngineLoop around a new LLMEngine (arguments left as None take engine defaults)."""
-    args = {k: v for k, v in engine_args.items() if v is not None}
-    return EngineLoop(LLMEngine(model=model, **args))
+    return EngineLoop(LLMEngine(config_from_args(model, **engine_args)))
 
 
 class ServerThread:

@@ -50,9 +50,12 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """Expert parallel size; with one process the all-to-all volume is modeled."""
+    """Expert parallel: `ep_size` ranks; `distributed` starts them as processes (gloo/NCCL)
+    and measures the all-to-all, otherwise one process models it."""
 
     ep_size: int = 1
+    distributed: bool = False
+    timeout_s: float = 300.0  # a collective that waits longer fails the step
 
 
 Batching = Literal["continuous", "static"]
@@ -76,6 +79,13 @@ class Knobs(BaseModel):
     preemption_mode: Literal["recompute", "swap"] = "recompute"
     expert_capacity_factor: float | None = Field(
         None, gt=0.0, le=64.0, description="null = dropless"
+    )
+    eplb_interval_steps: int | None = Field(
+        None, ge=1, le=1_000_000,
+        description="rebalance expert placement every N steps (null = off; needs ep_size > 1)",
+    )
+    eplb_replicas: int = Field(
+        0, ge=0, le=1024, description="redundant replicas of hot experts per layer on rebalance"
     )
 
     @model_validator(mode="after")
@@ -104,6 +114,7 @@ class Knobs(BaseModel):
                     f"kv_capacity_blocks ({self.kv_capacity_blocks}) must be at least {needed}: "
                     "the largest live request needs that many blocks to finish"
                 )
+        self._check_eplb(ctx)
         max_len = ctx.get("max_model_len")
         unchunked = self.prefill_chunk_size == 0
         if unchunked and max_len is not None and self.max_num_batched_tokens < max_len:
@@ -112,6 +123,17 @@ class Knobs(BaseModel):
                 f"({self.max_num_batched_tokens}) of at least max_model_len ({max_len})"
             )
         return self
+
+    def _check_eplb(self, ctx: dict[str, Any]) -> None:
+        ep_size, experts = ctx.get("ep_size"), ctx.get("num_experts")
+        if self.eplb_interval_steps is not None and ep_size == 1:
+            raise ValueError("eplb_interval_steps needs expert parallel (ep_size > 1); "
+                             "this engine runs ep_size 1")
+        if experts is not None and ep_size is not None and \
+                self.eplb_replicas > experts * (ep_size - 1):
+            raise ValueError(f"eplb_replicas ({self.eplb_replicas}) must be at most "
+                             f"{experts * (ep_size - 1)} ({experts} experts x {ep_size - 1} "
+                             "other ranks)")
 
 
 @dataclass(frozen=True)
@@ -142,7 +164,8 @@ def engine_config(model: str = "synthetic:tiny", **kwargs: Any) -> EngineConfig:
         default_chunk = Knobs.model_fields["prefill_chunk_size"].default
         knob_args["prefill_chunk_size"] = min(default_chunk, knob_args["max_num_batched_tokens"])
     cache_args = {CACHE_ARGS[k]: kwargs.pop(k) for k in list(kwargs) if k in CACHE_ARGS}
-    parallel = ParallelConfig(ep_size=kwargs.pop("ep_size", 1))
+    parallel = ParallelConfig(ep_size=kwargs.pop("ep_size", 1),
+                              distributed=kwargs.pop("ep_distributed", False))
     dtype = kwargs.pop("dtype", torch.float32)
     if isinstance(dtype, str):
         if dtype not in DTYPES:

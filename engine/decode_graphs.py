@@ -39,6 +39,7 @@ class _Graph:
     logits: torch.Tensor
     counts: torch.Tensor
     dropped: torch.Tensor
+    rank_pairs: torch.Tensor
 
 
 class DecodeGraphs:
@@ -63,20 +64,22 @@ class DecodeGraphs:
         self.pool = torch.cuda.graph_pool_handle() if dev.type == "cuda" else None
 
     def eligible(self, ctx: ForwardContext, num_rows: int) -> bool:
-        return (not ctx.prefills and ctx.expert_capacity_factor is None
+        return (not ctx.prefills and ctx.expert_capacity_factor is None and ctx.ep is None
                 and 0 < num_rows <= SIZES[-1] and attn_backend(self.device) == "triton"
                 and moe_backend(self.device) != "loop")
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
-            sample_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(logits of sample_rows, expert counts, dropped) for one eligible decode step."""
+            sample_rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(logits of sample_rows, expert counts, dropped, rank pairs) for one decode step."""
         n = input_ids.numel()
         size = next(s for s in SIZES if s >= n)
         self._fill(input_ids, positions, ctx, n, size)
-        key = (size, ctx.ep_size, moe_backend(self.device), attn_backend(self.device))
-        graph = self.graphs.get(key) or self._capture(key)
+        assert ctx.placement is not None
+        key = (size, ctx.placement.version, moe_backend(self.device), attn_backend(self.device))
+        graph = self.graphs.get(key) or self._capture(key, ctx)
         graph.replay()
-        return graph.logits[sample_rows], graph.counts.clone(), graph.dropped.clone()
+        return (graph.logits[sample_rows], graph.counts.clone(), graph.dropped.clone(),
+                graph.rank_pairs.clone())
 
     def _fill(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
               n: int, size: int) -> None:
@@ -97,20 +100,20 @@ class DecodeGraphs:
         self.valid[:n].fill_(True)
         self.valid[n:size].fill_(False)
 
-    def _capture(self, key: tuple[int, int, str, str]) -> _Graph:
-        size, ep_size = key[0], key[1]
+    def _capture(self, key: tuple[int, int, str, str], step: ForwardContext) -> _Graph:
+        size = key[0]
         ctx = ForwardContext(
             slot_mapping=self.slots[:size], prefills=[],
             decodes=[DecodeGroup(self.rows[:size], self.tables[:size], self.lens[:size])],
-            token_rank=self.ranks[:size], ep_size=ep_size, row_valid=self.valid[:size],
+            token_rank=self.ranks[:size], placement=step.placement, row_valid=self.valid[:size],
         )
 
-        def forward() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            ctx.expert_counts.clear()
-            ctx.expert_dropped.clear()
+        def forward() -> tuple[torch.Tensor, ...]:
+            for stats in (ctx.expert_counts, ctx.expert_dropped, ctx.rank_pairs):
+                stats.clear()
             hidden = self.model(self.ids[:size], self.positions[:size], ctx)
             return (self.model.compute_logits(hidden), torch.stack(ctx.expert_counts),
-                    torch.stack(ctx.expert_dropped))
+                    torch.stack(ctx.expert_dropped), torch.stack(ctx.rank_pairs))
 
         if self.pool is None:
             outputs = forward()

@@ -3,18 +3,20 @@
 import threading
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from engine.config import EngineConfig, Knobs, engine_config
+from engine.ep_ranks import Ranks, model_runner
+from engine.eplb import predicted_imbalance, rebalance
 from engine.kv_cache import BlockManager
-from engine.model.loader import load_model
 from engine.outputs import RequestOutput, tpot
-from engine.parallel import Placement
+from engine.parallel import Placement, a2a_bytes, imbalance
 from engine.request import Request, Status
-from engine.runner import ForwardResult, ModelRunner
+from engine.runner import ForwardResult
 from engine.sampling import Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
@@ -38,23 +40,33 @@ class StepResult:
     telemetry: StepTelemetry
 
 
+LOAD_WINDOW = 4096  # steps of expert loads kept for rebalancing
+
+
 class LLMEngine:
-    """Continuous-batching MoE engine; `step()` advances every scheduled request by one step."""
+    """Continuous-batching MoE engine; `step()` advances every scheduled request by one step.
+
+    With `ep_size` N > 1 and `ep_distributed`, it starts ranks 1..N-1 as processes; call
+    `close()` to stop them.
+    """
 
     def __init__(self, config: EngineConfig | None = None, **kwargs: Any) -> None:
         self.config = config or engine_config(**kwargs)
         cfg = self.config
-        torch.manual_seed(cfg.seed)
-        self.model, self.tokenizer = load_model(
-            cfg.model, cfg.dtype, cfg.device, cfg.seed, cfg.router_skew
-        )
+        distributed = cfg.parallel.distributed and cfg.parallel.ep_size > 1
+        self.ranks = Ranks(cfg) if distributed else None
+        try:
+            self.runner, self.tokenizer = model_runner(cfg, self.ranks.group if self.ranks
+                                                       else None)
+        except BaseException:
+            self.close()
+            raise
+        self.model = self.runner.model
         self.model_config = self.model.cfg
-        self.placement = Placement(self.model_config.num_experts, cfg.parallel.ep_size)
         cache = cfg.cache
         self.blocks = BlockManager(
             cache.num_blocks, cache.block_size, cache.num_host_blocks, cache.enable_prefix_caching
         )
-        self.runner = ModelRunner(self.model, cache, cfg.device)
         self.requests: dict[str, Request] = {}
         self.knobs = self._validate_knobs(cfg.knobs.model_dump())
         self.blocks.set_usable(self.knobs.kv_capacity_blocks or cache.num_blocks)
@@ -66,7 +78,28 @@ class LLMEngine:
         self.knob_changes: list[KnobChange] = []
         self._pending_knobs: list[tuple[Knobs, KnobChange]] = []
         self._knob_lock = threading.Lock()
+        self._unreported: list[KnobChange] = []
+        self._loads: deque[torch.Tensor] = deque(maxlen=LOAD_WINDOW)
+        self._since_rebalance = 0
         self._arrived = 0
+
+    @property
+    def placement(self) -> Placement:
+        return self.runner.placement
+
+    @property
+    def failure(self) -> str | None:
+        """Why the engine cannot step any more (an expert-parallel rank exited), if so."""
+        return self.ranks.failure if self.ranks else None
+
+    def wait_failure(self, timeout: float) -> str | None:
+        """The failure, waiting up to `timeout` s for a rank's exit to be noticed."""
+        return self.ranks.wait_failure(timeout) if self.ranks else None
+
+    def close(self) -> None:
+        """Stop the other expert-parallel ranks, if any (the engine cannot step afterwards)."""
+        if self.ranks is not None:
+            self.ranks.close()
 
     # requests
 
@@ -145,6 +178,8 @@ class LLMEngine:
             "total_blocks": self.blocks.total,
             "min_blocks": need,
             "max_model_len": max_len,
+            "ep_size": self.config.parallel.ep_size,
+            "num_experts": self.model_config.num_experts,
         }
         return Knobs.model_validate(values, context=context)
 
@@ -165,11 +200,12 @@ class LLMEngine:
             self._pending_knobs.append((new, change))
             return self.knobs_version
 
-    def _apply_knobs(self) -> list[KnobChange]:
+    def _apply_knobs(self) -> None:
+        """Apply every accepted change; they go out with the next step's telemetry."""
         with self._knob_lock:
             pending, self._pending_knobs = self._pending_knobs, []
         if not pending:
-            return []
+            return
         knobs, last = pending[-1]
         self.knobs = knobs
         self.applied_knobs_version = last.version
@@ -177,20 +213,66 @@ class LLMEngine:
         self.blocks.set_usable(knobs.kv_capacity_blocks or self.blocks.total)
         changes = [change for _, change in pending]
         self.knob_changes.extend(changes)
-        return changes
+        self._unreported.extend(changes)
+
+    # expert placement
+
+    def rebalance(self, window: int = 64, replicas: int = 0, origin: str = "api") -> dict[str, Any]:
+        """Place experts for the loads of the last `window` steps; applies before the next step.
+
+        Recorded like a knob change (a new knobs version). Raises ValueError when there is
+        nothing to rebalance.
+        """
+        old = self.placement
+        if old.ep_size == 1:
+            raise ValueError("nothing to rebalance: ep_size is 1 (start with --ep N or "
+                             "--ep-size N)")
+        if replicas > self.model_config.num_experts * (old.ep_size - 1):
+            raise ValueError(f"replicas ({replicas}) must be at most "
+                             f"{self.model_config.num_experts * (old.ep_size - 1)}")
+        recent = list(self._loads)[-window:]
+        if not recent:
+            raise ValueError("no expert load recorded yet: rebalance after some steps ran")
+        loads = torch.stack(recent).sum(0)
+        new = rebalance(loads, old, replicas)
+        before, after = predicted_imbalance(old, loads), predicted_imbalance(new, loads)
+        self._apply_knobs()
+        moved = self.runner.rebalance(new)
+        self._since_rebalance = 0
+        with self._knob_lock:
+            self.knobs_version += 1
+            version = self.knobs_version
+        change = KnobChange(version=version, t=time.time(), origin=origin, changes={
+            "expert_placement": [old.version, new.version],
+            "predicted_imbalance": [before, after]})
+        self.applied_knobs_version = version
+        self.knob_changes.append(change)
+        self._unreported.append(change)
+        return {"placement_version": new.version, "knobs_version": version,
+                "window_steps": len(recent), "replicas": replicas,
+                "imbalance_before": before, "imbalance_after": after, "moved_bytes": moved,
+                "placement": new.slots()}
+
+    def _auto_rebalance(self) -> None:
+        interval = self.knobs.eplb_interval_steps
+        self._since_rebalance += 1
+        if interval is not None and self._since_rebalance > interval and self._loads:
+            self.rebalance(interval, self.knobs.eplb_replicas, origin="auto")
 
     # the step
 
     def step(self) -> StepResult:
         t0 = time.perf_counter()
-        applied = self._apply_knobs()
+        self._apply_knobs()
+        self._auto_rebalance()
+        applied, self._unreported = self._unreported, []
         sched = self.scheduler.schedule()
         t1 = time.perf_counter()
         self.runner.swap(sched)
         result: ForwardResult | None = None
         t2 = t3 = t4 = t1
         if sched.chunks:
-            inp = self.runner.prepare(sched, self.knobs.expert_capacity_factor, self.placement)
+            inp = self.runner.prepare(sched, self.knobs.expert_capacity_factor)
             t2 = time.perf_counter()
             result = self.runner.forward(inp)
             t3 = time.perf_counter()
@@ -324,7 +406,8 @@ class LLMEngine:
             counts = torch.zeros(cfg.num_layers, cfg.num_experts, dtype=torch.long)
             dropped = [0] * cfg.num_layers
         else:
-            counts = result.expert_counts.sum(1)
+            counts = result.expert_counts
+            self._loads.append(counts)
             dropped = result.expert_dropped.tolist()
         peak = counts.max(dim=1).values.clamp(min=1)
         balance = (counts.float().mean(dim=1) / peak).tolist()
@@ -334,11 +417,19 @@ class LLMEngine:
 
     def _a2a_info(self, result: ForwardResult | None) -> A2AInfo:
         ep = self.placement.ep_size
+        mode = "measured" if self.ranks else "modeled"
+        moe_ms: list[float] = []
         if result is None:
             volume = [[0] * ep for _ in range(ep)]
+            per_layer = torch.zeros(self.model_config.num_layers, ep, dtype=torch.long)
+        elif result.measured is not None:
+            volume, per_layer = result.measured.bytes, result.measured.computed
+            moe_ms = result.measured.compute_ms
         else:
+            assert result.rank_pairs is not None
             elem = self.model.embed_tokens.weight.element_size()
-            volume = self.placement.a2a_bytes(
-                result.expert_counts, self.model_config.hidden_size * elem
-            )
-        return A2AInfo(ep_size=ep, mode="modeled", bytes=volume)
+            volume = a2a_bytes(result.rank_pairs, self.model_config.hidden_size * elem)
+            per_layer = result.rank_pairs.sum(1)
+        return A2AInfo(ep_size=ep, mode=mode, bytes=volume, rank_tokens=per_layer.sum(0).tolist(),
+                       rank_moe_ms=moe_ms, imbalance=imbalance(per_layer),
+                       placement_version=self.placement.version)

@@ -18,6 +18,16 @@ class LLM:
     def tokenizer(self):  # noqa: ANN201
         return self.engine.tokenizer
 
+    def close(self) -> None:
+        """Stop the other expert-parallel ranks, if this LLM started any."""
+        self.engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def generate(
         self,
         prompts: list[str] | list[list[int]],

@@ -43,6 +43,17 @@ class _KnobUpdate:
 
 
 @dataclass
+class _Rebalance:
+    window: int
+    replicas: int
+    origin: str
+    future: "Future[dict[str, Any]]"
+
+
+Command = _Add | _Abort | _KnobUpdate | _Rebalance
+
+
+@dataclass
 class _Stream:
     """Delivery state of one request: its callback, stop strings and how much text is settled.
 
@@ -88,7 +99,7 @@ class EngineLoop:
         self.busy_cpu_s = 0.0
         self.last_step_t = 0.0
         self.started_t = 0.0
-        self._inbox: queue.SimpleQueue[_Add | _Abort | _KnobUpdate] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
         self._apply_now = False
         self._stop = threading.Event()
@@ -105,17 +116,20 @@ class EngineLoop:
             self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Stop the engine thread, then the engine's other expert-parallel ranks."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
+        self.engine.close()
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive() and self.error is None and not self._stop.is_set()
+        return (self._thread.is_alive() and self.error is None and not self._stop.is_set()
+                and self.engine.failure is None)
 
     def _check_alive(self) -> None:
         if not self.alive:
-            raise EngineDead(self.error or "engine loop is not running")
+            raise EngineDead(self.error or self.engine.failure or "engine loop is not running")
 
     # calls from other threads
 
@@ -159,6 +173,19 @@ class EngineLoop:
         self._check_alive()
         future: Future[int] = Future()
         self._inbox.put(_KnobUpdate(dict(changes), origin, future))
+        return future
+
+    def rebalance(
+        self, window: int, replicas: int, origin: str = "api"
+    ) -> "Future[dict[str, Any]]":
+        """Re-place experts from the last `window` steps' loads, between two steps.
+
+        The future gives the engine's summary, or raises ValueError when there is nothing to
+        rebalance.
+        """
+        self._check_alive()
+        future: Future[dict[str, Any]] = Future()
+        self._inbox.put(_Rebalance(window, replicas, origin, future))
         return future
 
     def knob_history(self) -> list[dict[str, Any]]:
@@ -208,13 +235,16 @@ class EngineLoop:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
+                if self.engine.failure is not None:
+                    raise RuntimeError(self.engine.failure)
                 busy = self.engine.has_unfinished() or self._apply_now
                 self._drain_inbox(block=not busy)
                 if self.engine.has_unfinished() or self._apply_now:
                     self._apply_now = False
                     self._step()
         except Exception as exc:  # noqa: BLE001 - reported to every waiting client
-            self.error = f"engine loop failed: {type(exc).__name__}: {exc}"
+            cause = self.engine.wait_failure(1.0) or f"{type(exc).__name__}: {exc}"
+            self.error = f"engine loop failed: {cause}"
             log.exception("engine loop failed")
             self._fail_all(self.error)
             return
@@ -232,8 +262,10 @@ class EngineLoop:
             except queue.Empty:
                 return
 
-    def _handle(self, item: _Add | _Abort | _KnobUpdate) -> None:
-        if isinstance(item, _Abort):
+    def _handle(self, item: Command) -> None:
+        if isinstance(item, _Rebalance):
+            self._rebalance(item)
+        elif isinstance(item, _Abort):
             stream = self._streams.pop(item.request_id, None)
             self.engine.abort(item.request_id)
             if stream is not None:
@@ -262,6 +294,15 @@ class EngineLoop:
         self.knobs = self.engine.latest_knobs
         self._apply_now = True
         item.future.set_result(version)
+
+    def _rebalance(self, item: _Rebalance) -> None:
+        try:
+            summary = self.engine.rebalance(item.window, item.replicas, item.origin)
+        except ValueError as exc:
+            item.future.set_exception(exc)
+            return
+        self._apply_now = True
+        item.future.set_result(summary)
 
     def _step(self) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -326,7 +367,7 @@ class EngineLoop:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            if isinstance(item, _KnobUpdate):
+            if isinstance(item, _KnobUpdate | _Rebalance):
                 item.future.set_exception(EngineDead(message))
             elif isinstance(item, _Add):
                 _call(item.on_output, _error_output(item.request_id, item.token_ids, message))

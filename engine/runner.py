@@ -6,7 +6,9 @@ import torch
 
 from engine.config import CacheConfig
 from engine.decode_graphs import DecodeGraphs, graphs_enabled
-from engine.model.context import DecodeGroup, ForwardContext, PrefillSeq
+from engine.ep_group import EPGroup
+from engine.expert_weights import move, shard
+from engine.model.context import DecodeGroup, ForwardContext, PrefillSeq, RankStats
 from engine.model.transformer import MoETransformer
 from engine.parallel import Placement
 from engine.scheduler import SchedulerOutput
@@ -28,23 +30,66 @@ class ModelInput:
 
 
 @dataclass
+class MeasuredA2A:
+    """What the ranks measured in one step: bytes sent [from][to], pairs computed per layer
+    and rank [layers, ranks], and each rank's grouped-GEMM milliseconds."""
+
+    bytes: list[list[int]]
+    computed: torch.Tensor
+    compute_ms: list[float]
+
+
+@dataclass
 class ForwardResult:
     """Logits for the chunks that sample this step, in chunk order, plus MoE statistics
     (on the CPU, whatever the model's device: telemetry reads them right away)."""
 
     logits: torch.Tensor
-    expert_counts: torch.Tensor
-    expert_dropped: torch.Tensor
+    expert_counts: torch.Tensor  # [layers, experts]
+    expert_dropped: torch.Tensor  # [layers]
     moe_seconds: float
+    rank_pairs: torch.Tensor | None = None  # [layers, src, dst] as the placement models it
+    measured: MeasuredA2A | None = None  # with real expert-parallel ranks
     graphed: bool = False  # replayed from a decode graph (moe_seconds is then not measured)
 
 
+@dataclass
+class Swap:
+    """Command to the other ranks: copy KV blocks (device, host) out, then (host, device) in."""
+
+    out: list[tuple[int, int]]
+    into: list[tuple[int, int]]
+
+
+@dataclass
+class Forward:
+    """Command to the other ranks: run the model over this step's flat batch."""
+
+    inp: ModelInput
+
+
+@dataclass
+class Rebalance:
+    """Command to the other ranks: move expert weights to this placement."""
+
+    placement: Placement
+
+
 class ModelRunner:
-    def __init__(self, model: MoETransformer, cache: CacheConfig, device: str) -> None:
+    """Runs the model on this rank; rank 0 (the engine's) also sends each step to the others."""
+
+    def __init__(
+        self, model: MoETransformer, cache: CacheConfig, device: str, placement: Placement,
+        ep: EPGroup | None = None,
+    ) -> None:
         self.model = model
         self.block_size = cache.block_size
         self.device = torch.device(device)
-        graphs = graphs_enabled(self.device)
+        self.placement = placement
+        self.ep = ep
+        if ep is not None:
+            shard(model, placement, ep.rank)
+        graphs = graphs_enabled(self.device) and ep is None
         # decode graphs pad with rows that write into one scratch block past the usable ones
         model.allocate_kv_cache(cache.num_blocks + (1 if graphs else 0), cache.block_size)
         self.graphs = DecodeGraphs(model, cache.block_size, cache.num_blocks) if graphs else None
@@ -55,20 +100,51 @@ class ModelRunner:
         self.host_cache = torch.zeros(host_shape, dtype=dtype)
 
     def swap(self, out: SchedulerOutput) -> None:
-        """Copy swapped-out blocks to the host pool, then swapped-in blocks back."""
+        """Copy swapped-out blocks to the host pool, then swapped-in blocks back (every rank)."""
         if not out.swap_out and not out.swap_in:
             return
-        out_dev, out_host = _columns(out.swap_out)
-        in_host, in_dev = _columns(out.swap_in)
+        if self.ep is not None:
+            self.ep.send(Swap(out.swap_out, out.swap_in))
+        self._swap(out.swap_out, out.swap_in)
+
+    def _swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
+        out_dev, out_host = _columns(swap_out)
+        in_host, in_dev = _columns(swap_in)
         for i, layer in enumerate(self.model.layers):
             attn = layer.self_attn
             for j, cache in enumerate((attn.k_cache, attn.v_cache)):
                 self.host_cache[i, j, out_host] = cache[out_dev.to(cache.device)].cpu()
                 cache[in_dev.to(cache.device)] = self.host_cache[i, j, in_host].to(cache.device)
 
-    def prepare(
-        self, out: SchedulerOutput, capacity_factor: float | None, placement: Placement
-    ) -> ModelInput:
+    def rebalance(self, placement: Placement) -> int:
+        """Switch to a new placement; with real ranks, move the weights (returns bytes moved)."""
+        if self.ep is not None:
+            self.ep.send(Rebalance(placement))
+            return self._move(placement)
+        self.placement = placement
+        return 0
+
+    def _move(self, placement: Placement) -> int:
+        """Every rank: move expert weights to `placement`; the bytes all ranks sent."""
+        assert self.ep is not None
+        sent = move(self.model, self.placement, placement, self.ep)
+        self.placement = placement
+        return int(self.ep.gather_stats(torch.tensor([float(sent)], dtype=torch.float64)).sum())
+
+    def serve(self) -> None:
+        """Ranks other than 0: run rank 0's commands until it sends None."""
+        assert self.ep is not None
+        while (command := self.ep.receive()) is not None:
+            if isinstance(command, Swap):
+                self._swap(command.out, command.into)
+            elif isinstance(command, Rebalance):
+                self._move(command.placement)
+            else:
+                with torch.inference_mode():
+                    ctx = self._run(command.inp)[1]
+                    self._gather(ctx)
+
+    def prepare(self, out: SchedulerOutput, capacity_factor: float | None) -> ModelInput:
         bs = self.block_size
         ids: list[int] = []
         positions: list[int] = []
@@ -97,8 +173,7 @@ class ModelRunner:
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             prefills=prefills,
             decodes=self._decode_groups(decodes),
-            token_rank=placement.token_ranks(len(ids)).to(dev),
-            ep_size=placement.ep_size,
+            token_rank=self.placement.token_ranks(len(ids)).to(dev),
             expert_capacity_factor=capacity_factor,
         )
         return ModelInput(
@@ -123,16 +198,48 @@ class ModelRunner:
             ))
         return groups
 
+    def _run(self, inp: ModelInput) -> tuple[torch.Tensor, ForwardContext]:
+        ctx = inp.ctx
+        ctx.placement = self.placement
+        if self.ep is not None:
+            ctx.ep = self.ep
+            ctx.rank_stats = RankStats([0] * self.ep.size)
+        return self.model(inp.input_ids, inp.positions, ctx), ctx
+
+    def _gather(self, ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor, MeasuredA2A]:
+        """Every rank's step statistics -> (expert counts, dropped, what was measured)."""
+        assert self.ep is not None and ctx.rank_stats is not None
+        stats, size = ctx.rank_stats, self.ep.size
+        counts = torch.stack(ctx.expert_counts).cpu()
+        layers = counts.shape[0]
+        head = stats.dropped + stats.sent_bytes + stats.computed + [stats.compute_s]
+        mine = torch.cat([torch.tensor(head, dtype=torch.float64), counts.flatten().double()])
+        every = self.ep.gather_stats(mine)
+        dropped, sent, computed, seconds, experts = every.split(
+            [layers, size, layers, 1, counts.numel()], dim=1)
+        measured = MeasuredA2A(bytes=sent.long().tolist(), computed=computed.long().T,
+                               compute_ms=[round(s * 1000, 3) for s in seconds.flatten().tolist()])
+        return experts.sum(0).long().view_as(counts), dropped.sum(0).long(), measured
+
     @torch.inference_mode()
     def forward(self, inp: ModelInput) -> ForwardResult:
         ctx = inp.ctx
         if self.graphs is not None and self.graphs.eligible(ctx, inp.input_ids.numel()):
-            logits, counts, dropped = self.graphs.run(
+            ctx.placement = self.placement
+            logits, counts, dropped, pairs = self.graphs.run(
                 inp.input_ids, inp.positions, ctx, inp.sample_rows
             )
-            return ForwardResult(logits, counts.cpu(), dropped.cpu(), 0.0, graphed=True)
-        hidden = self.model(inp.input_ids, inp.positions, ctx)
+            return ForwardResult(logits, counts.cpu(), dropped.cpu(), 0.0, pairs.cpu(),
+                                 graphed=True)
+        if self.ep is not None:
+            self.ep.send(Forward(inp))
+        hidden, ctx = self._run(inp)
         logits = self.model.compute_logits(hidden[inp.sample_rows])
+        if self.ep is not None:
+            counts, dropped, measured = self._gather(ctx)
+            return ForwardResult(logits, counts, dropped, ctx.moe_total_seconds(),
+                                 measured=measured)
         counts = torch.stack(ctx.expert_counts).cpu()  # waits for the device: timers are done
         dropped = torch.stack(ctx.expert_dropped).cpu()
-        return ForwardResult(logits, counts, dropped, moe_seconds=ctx.moe_total_seconds())
+        pairs = torch.stack(ctx.rank_pairs).cpu()
+        return ForwardResult(logits, counts, dropped, ctx.moe_total_seconds(), pairs)

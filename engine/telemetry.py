@@ -67,9 +67,16 @@ class ExpertInfo(BaseModel):
 
 
 class A2AInfo(BaseModel):
+    """Bytes sent [from][to] (dispatch plus combine), pairs computed per rank, per-rank
+    grouped-GEMM time (measured mode only) and the rank-load imbalance of the step."""
+
     ep_size: int
     mode: Literal["measured", "modeled"]
     bytes: list[list[int]]
+    rank_tokens: list[int] = []
+    rank_moe_ms: list[float] = []
+    imbalance: float = 1.0
+    placement_version: int = 1
 
 
 class LatencyInfo(BaseModel):

@@ -1,8 +1,14 @@
 """Per-step forward context: attention layout of the flat batch and MoE statistics."""
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+from engine.parallel import Placement
+
+if TYPE_CHECKING:
+    from engine.ep_group import EPGroup
 
 
 @dataclass
@@ -40,6 +46,16 @@ class GpuTimer:
 
 
 @dataclass
+class RankStats:
+    """What this rank measured in one step's expert-parallel exchange."""
+
+    sent_bytes: list[int]  # to each rank: dispatched rows plus combined results
+    computed: list[int] = field(default_factory=list)  # pairs computed here, per layer
+    dropped: list[int] = field(default_factory=list)  # pairs past capacity here, per layer
+    compute_s: float = 0.0  # in this rank's grouped GEMMs
+
+
+@dataclass
 class ForwardContext:
     """How the flat batch maps onto sequences and the KV cache, plus what MoE layers record."""
 
@@ -47,11 +63,14 @@ class ForwardContext:
     prefills: list[PrefillSeq]
     decodes: list[DecodeGroup]
     token_rank: torch.Tensor
-    ep_size: int = 1
+    placement: Placement | None = None
+    ep: "EPGroup | None" = None  # set when experts are sharded over real ranks
+    rank_stats: RankStats | None = None
     expert_capacity_factor: float | None = None
     row_valid: torch.Tensor | None = None  # [T] bool; False for padding rows (decode graphs)
     expert_counts: list[torch.Tensor] = field(default_factory=list)
     expert_dropped: list[torch.Tensor] = field(default_factory=list)
+    rank_pairs: list[torch.Tensor] = field(default_factory=list)  # [src, dst] pairs per layer
     moe_seconds: float = 0.0  # host time on the CPU; on CUDA the GPU time in moe_timers
     moe_timers: list[GpuTimer] = field(default_factory=list)
 

@@ -8,6 +8,8 @@ from torch import nn
 
 from engine.config import ModelConfig
 from engine.model.context import ForwardContext
+from engine.model.ep_moe import ep_experts
+from engine.model.grouping import count, expert_capacity, group_by_expert
 from kernels import moe_experts
 
 
@@ -35,36 +37,10 @@ def route(
     return weights, experts
 
 
-def count(ids: torch.Tensor, size: int, keep: torch.Tensor | None = None) -> torch.Tensor:
-    """bincount of the kept ids, with a fixed length and no host sync (CUDA-graph safe)."""
-    ones = torch.ones_like(ids) if keep is None else keep.to(ids.dtype)
-    return torch.zeros(size, dtype=torch.long, device=ids.device).scatter_add_(0, ids, ones)
-
-
-def group_by_expert(
-    experts: torch.Tensor, num_experts: int, capacity_factor: float | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sort token-expert pairs by expert, keeping token order inside each expert.
-
-    Returns (pair order [N'], tokens per expert after drops [E], routed counts [E], dropped).
-    With a capacity factor, pairs past an expert's capacity in this step are dropped.
-    """
-    flat = experts.flatten()
-    order = torch.sort(flat, stable=True).indices
-    routed = count(flat, num_experts)
-    if capacity_factor is None:
-        return order, routed, routed, torch.zeros((), dtype=torch.long, device=flat.device)
-    capacity = max(1, int(-(-capacity_factor * flat.numel() // num_experts)))
-    starts = torch.cumsum(routed, 0) - routed
-    rank = torch.arange(flat.numel(), device=flat.device) - starts[flat[order]]
-    keep = rank < capacity
-    kept = routed.clamp(max=capacity)
-    return order[keep], kept, routed, (~keep).sum()
-
-
 class MoEBlock(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, index: int = 0) -> None:
         super().__init__()
+        self.index = index
         e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
         self.num_experts, self.top_k, self.renormalize = e, cfg.top_k, cfg.norm_topk_prob
         self.gate = nn.Linear(h, e, bias=False)
@@ -77,32 +53,54 @@ class MoEBlock(nn.Module):
             self.shared_expert = MLP(h, cfg.shared_expert_intermediate_size)
             self.shared_expert_gate = nn.Linear(h, 1, bias=False)
 
-    def _counts_by_rank(
-        self, experts: torch.Tensor, routed: torch.Tensor, ctx: ForwardContext
-    ) -> torch.Tensor:
-        """Token-expert pairs of real rows per (source rank, expert): [ep_size, experts]."""
-        ep = ctx.ep_size
-        keep = None if ctx.row_valid is None else ctx.row_valid.repeat_interleave(self.top_k)
-        if ep == 1 and keep is None:
-            return routed.unsqueeze(0)
-        src = ctx.token_rank.repeat_interleave(self.top_k)
-        pairs = count(src * self.num_experts + experts.flatten(), ep * self.num_experts, keep)
-        return pairs.view(ep, self.num_experts)
-
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         t0 = time.perf_counter()
         timer = ctx.gpu_timer(x.device)
-        weights, experts = route(self.gate(x) + self.router_bias, self.top_k, self.renormalize)
-        order, per_expert, routed, dropped = group_by_expert(
-            experts, self.num_experts, ctx.expert_capacity_factor
-        )
-        out = moe_experts(x, self.w_gate_up, self.w_down, order, per_expert, weights)
+        out = self._local(x, ctx) if ctx.ep is None else self._distributed(x, ctx)
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        ctx.expert_counts.append(self._counts_by_rank(experts, routed, ctx))
-        ctx.expert_dropped.append(dropped)
         if timer is None:
             ctx.moe_seconds += time.perf_counter() - t0
         else:
             timer.stop()
         return out
+
+    def _route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return route(self.gate(x) + self.router_bias, self.top_k, self.renormalize)
+
+    def _local(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """Every expert in this process; the placement only models where pairs would go."""
+        weights, experts = self._route(x)
+        cap = expert_capacity(ctx.expert_capacity_factor, experts.numel(), self.num_experts)
+        order, per_expert, routed, dropped = group_by_expert(experts, self.num_experts, cap)
+        out = moe_experts(x, self.w_gate_up, self.w_down, order, per_expert, weights)
+        keep = None if ctx.row_valid is None else ctx.row_valid.repeat_interleave(self.top_k)
+        ctx.expert_counts.append(routed if keep is None
+                                 else count(experts.flatten(), self.num_experts, keep))
+        ctx.rank_pairs.append(self._rank_pairs(experts, ctx, keep))
+        ctx.expert_dropped.append(dropped)
+        return out
+
+    def _rank_pairs(
+        self, experts: torch.Tensor, ctx: ForwardContext, keep: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Pairs of real rows per (source rank, computing rank) under the placement."""
+        if ctx.placement is None or ctx.placement.ep_size == 1:
+            return count(torch.zeros_like(experts.flatten()), 1, keep).view(1, 1)
+        ep = ctx.placement.ep_size
+        dest, _ = ctx.placement.layers[self.index].destinations(experts)
+        src = ctx.token_rank.repeat_interleave(self.top_k)
+        return count(src * ep + dest, ep * ep, keep).view(ep, ep)
+
+    def _distributed(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """Route this rank's share of rows, run them on their experts' ranks, gather all rows."""
+        assert ctx.ep is not None and ctx.rank_stats is not None and ctx.placement is not None
+        placement, rows = ctx.placement, x.shape[0]
+        start, end = placement.row_range(ctx.ep.rank, rows)
+        weights, experts = self._route(x[start:end])
+        cap = expert_capacity(ctx.expert_capacity_factor, rows * self.top_k, self.num_experts)
+        own = ep_experts(x[start:end], weights, experts, self, placement.layers[self.index],
+                         start, cap, ctx.ep, ctx.rank_stats)
+        ctx.expert_counts.append(count(experts.flatten(), self.num_experts))
+        sizes = [b - a for a, b in (placement.row_range(r, rows) for r in range(ctx.ep.size))]
+        return ctx.ep.all_gather_rows(own, sizes)

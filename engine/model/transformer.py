@@ -11,12 +11,12 @@ from engine.model.moe import MoEBlock
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: Rotary) -> None:
+    def __init__(self, cfg: ModelConfig, rotary: Rotary, index: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.self_attn = Attention(cfg, rotary)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
-        self.mlp = MoEBlock(cfg)
+        self.mlp = MoEBlock(cfg, index)
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
@@ -31,7 +31,9 @@ class MoETransformer(nn.Module):
         self.cfg = cfg
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.max_model_len)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, self.rotary) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, self.rotary, i) for i in range(cfg.num_layers)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:

@@ -73,3 +73,11 @@ def test_websocket_needs_the_key_as_header_or_query(guarded: Served) -> None:
 
 def test_default_bind_is_loopback() -> None:
     assert build_parser().parse_args(["serve"]).host == "127.0.0.1"
+
+
+def test_rebalancing_needs_the_admin_key(guarded: Served) -> None:
+    url = guarded.url + "/api/experts/rebalance"
+    resp = httpx.post(url, json={}, headers=_auth(KEY))
+    assert resp.status_code == 403 and "admin" in resp.json()["error"]["message"]
+    resp = httpx.post(url, json={}, headers=_auth(ADMIN))
+    assert resp.status_code == 409 and "ep_size is 1" in resp.json()["error"]["message"]

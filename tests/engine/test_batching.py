@@ -1,22 +1,11 @@
 """Greedy output under continuous batching equals each request run alone."""
 
-import random
-
 import pytest
+from workloads import make_prompts, run_staggered, tokens
 
 from engine import LLMEngine, SamplingParams
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-
-
-def _prompts(n: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    shared = [rng.randrange(256) for _ in range(9)]
-    out = []
-    for i in range(n):
-        tail = [rng.randrange(256) for _ in range(rng.randrange(1, 30))]
-        out.append(shared + tail if i % 2 else tail)
-    return out
 
 
 def _alone(prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
@@ -33,28 +22,9 @@ def _alone(prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
     return results
 
 
-def _run(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams,
-         per_step: int = 3) -> tuple[list[list[int]], list[dict]]:
-    """Add `per_step` requests before each step (staggered arrivals) and run to the end."""
-    ids: list[str] = []
-    done: dict[str, list[int]] = {}
-    telemetry = []
-    pending = list(prompts)
-    while pending or engine.has_unfinished():
-        for p in pending[:per_step]:
-            ids.append(engine.add_request(p, params))
-        pending = pending[per_step:]
-        result = engine.step()
-        telemetry.append(result.telemetry.model_dump())
-        for out in result.outputs:
-            if out.finished:
-                done[out.request_id] = out.token_ids
-    return [done[i] for i in ids], telemetry
-
-
 @pytest.fixture(scope="module")
 def prompts() -> list[list[int]]:
-    return _prompts(14)
+    return make_prompts(14)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +35,8 @@ def expected(prompts: list[list[int]]) -> list[list[int]]:
 def test_roomy_cache_with_chunked_prefill_and_prefix_hits(prompts, expected) -> None:
     engine = LLMEngine(model="synthetic:tiny", num_kv_blocks=256, block_size=4,
                        prefill_chunk_size=7, max_num_batched_tokens=24, max_num_seqs=6)
-    got, tele = _run(engine, prompts, GREEDY)
+    outs, tele = run_staggered(engine, prompts, GREEDY)
+    got = tokens(outs)
     assert got == expected
     assert any(t["batch"]["num_prefill_tokens"] and t["batch"]["num_decode_tokens"] for t in tele)
     assert engine.blocks.prefix_hits > 0
@@ -77,7 +48,8 @@ def test_tiny_pool_forces_preemption(prompts, expected, mode: str) -> None:
     engine = LLMEngine(model="synthetic:tiny", num_kv_blocks=14, block_size=4,
                        num_host_blocks=64, preemption_mode=mode, prefill_chunk_size=8,
                        max_num_batched_tokens=32, max_num_seqs=8)
-    got, tele = _run(engine, prompts, GREEDY)
+    outs, tele = run_staggered(engine, prompts, GREEDY)
+    got = tokens(outs)
     assert got == expected
     assert sum(t["queue"]["preempted"] for t in tele) > 0
     if mode == "swap":
@@ -90,7 +62,8 @@ def test_swap_falls_back_to_recompute_without_host_space(prompts, expected) -> N
     engine = LLMEngine(model="synthetic:tiny", num_kv_blocks=14, block_size=4,
                        num_host_blocks=0, preemption_mode="swap", max_num_seqs=8,
                        max_num_batched_tokens=32)
-    got, tele = _run(engine, prompts, GREEDY)
+    outs, tele = run_staggered(engine, prompts, GREEDY)
+    got = tokens(outs)
     assert got == expected
     assert sum(t["queue"]["preempted"] for t in tele) > 0
 
@@ -99,7 +72,7 @@ def test_swap_falls_back_to_recompute_without_host_space(prompts, expected) -> N
 def test_policies_keep_outputs(prompts, expected, policy: str) -> None:
     engine = LLMEngine(model="synthetic:tiny", num_kv_blocks=20, block_size=4, policy=policy,
                        max_num_seqs=4, max_num_batched_tokens=16, prefill_chunk_size=16)
-    got, _ = _run(engine, prompts, GREEDY)
+    got = tokens(run_staggered(engine, prompts, GREEDY)[0])
     assert got == expected
 
 

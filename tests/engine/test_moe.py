@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from engine.config import ModelConfig
 from engine.model.context import ForwardContext
-from engine.model.moe import MoEBlock, group_by_expert, route
+from engine.model.grouping import expert_capacity, group_by_expert
+from engine.model.moe import MoEBlock, route
 from kernels import expert_ffn, expert_ffn_loop
 
 TOKENS, HIDDEN, INTER, EXPERTS = 37, 24, 40, 5
@@ -181,7 +182,8 @@ def test_group_by_expert_drops_pairs_beyond_capacity(capacity_factor: float) -> 
     for e in range(EXPERTS):
         pairs = [i for i, x in enumerate(flat) if x == e]
         kept_expected.extend(pairs[:capacity])
-    order, per_expert, routed, dropped = group_by_expert(experts, EXPERTS, capacity_factor)
+    assert expert_capacity(capacity_factor, len(flat), EXPERTS) == capacity
+    order, per_expert, routed, dropped = group_by_expert(experts, EXPERTS, capacity)
     assert order.tolist() == kept_expected
     assert per_expert.tolist() == [min(int(r), capacity) for r in routed]
     assert routed.tolist() == [flat.count(e) for e in range(EXPERTS)]
@@ -191,7 +193,8 @@ def test_group_by_expert_drops_pairs_beyond_capacity(capacity_factor: float) -> 
 
 def test_group_by_expert_small_capacity_drops_something() -> None:
     experts = random_experts(TOKENS, 2, seed=2)
-    _, per_expert, routed, dropped = group_by_expert(experts, EXPERTS, 0.5)
+    capacity = expert_capacity(0.5, experts.numel(), EXPERTS)
+    _, per_expert, routed, dropped = group_by_expert(experts, EXPERTS, capacity)
     assert int(dropped) > 0
     assert int(dropped) == int((routed - per_expert).sum())
 

@@ -1,0 +1,44 @@
+"""Expert placement endpoints: GET /api/experts, POST /api/experts/rebalance."""
+
+import asyncio
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.errors import APIError
+from engine.loop import EngineDead, EngineLoop
+
+router = APIRouter()
+
+
+class RebalanceRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    window: int = Field(64, ge=1, le=4096, description="recent steps whose expert loads count")
+    replicas: int = Field(0, ge=0, le=1024, description="redundant replicas of hot experts")
+
+
+@router.get("/api/experts")
+async def placement(request: Request) -> dict[str, Any]:
+    """Which experts each rank hosts, per layer, and how the all-to-all is known."""
+    loop: EngineLoop = request.app.state.loop
+    p = loop.engine.placement
+    return {"ep_size": p.ep_size, "mode": "measured" if loop.engine.ranks else "modeled",
+            "version": p.version, "placement": p.slots()}
+
+
+@router.post("/api/experts/rebalance")
+async def rebalance(
+    request: Request, body: Annotated[RebalanceRequest | None, Body()] = None
+) -> dict[str, Any]:
+    """New placement from the last `window` steps' expert loads, switched between two steps."""
+    loop: EngineLoop = request.app.state.loop
+    body = body or RebalanceRequest()
+    try:
+        return await asyncio.wrap_future(loop.rebalance(body.window, body.replicas))
+    except EngineDead as exc:
+        raise APIError(503, str(exc)) from None
+    except ValueError as exc:
+        field = "replicas" if str(exc).startswith("replicas") else None
+        raise APIError(409 if field is None else 422, str(exc), field) from None

@@ -1,0 +1,163 @@
+"""Expert-parallel ranks: rank 0 is the engine's process, ranks 1..N-1 follow its commands.
+
+Either rank 0 spawns the others on this machine (and a watcher reports one that exits), or
+`torchrun` started every rank (RANK / WORLD_SIZE / MASTER_ADDR in the environment, several
+machines possible) and ranks other than 0 call `serve_rank`.
+"""
+
+import multiprocessing as mp
+import os
+import socket
+import threading
+import time
+from multiprocessing.connection import wait
+
+import torch
+
+from engine.config import EngineConfig
+from engine.ep_group import EPGroup
+from engine.model.loader import load_model
+from engine.model.tokenizer import Tokenizer
+from engine.parallel import Placement
+from engine.runner import ModelRunner
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rank_device(device: str, rank: int) -> str:
+    """Each rank's device: its own GPU on CUDA, the CPU otherwise."""
+    return f"cuda:{rank}" if device.startswith("cuda") else device
+
+
+def model_runner(config: EngineConfig, group: EPGroup | None) -> tuple[ModelRunner, Tokenizer]:
+    """Load the model on this rank, in a runner that holds this rank's experts."""
+    device = group.device if group is not None else config.device
+    torch.manual_seed(config.seed)
+    model, tokenizer = load_model(config.model, config.dtype, device, config.seed,
+                                  config.router_skew)
+    cfg = model.cfg
+    placement = Placement.contiguous(cfg.num_layers, cfg.num_experts, config.parallel.ep_size)
+    return ModelRunner(model, config.cache, device, placement, group), tokenizer
+
+
+def torchrun_rank() -> int | None:
+    """This process's rank when torchrun started several, else None."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ:
+        return int(os.environ["RANK"])
+    return None
+
+
+def _join_torchrun(config: EngineConfig, rank: int) -> EPGroup:
+    size = int(os.environ["WORLD_SIZE"])
+    if size != config.parallel.ep_size:
+        raise ValueError(f"torchrun started {size} processes but ep_size is "
+                         f"{config.parallel.ep_size}; pass --ep {size}")
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    device = rank_device(config.device, local)
+    return EPGroup(rank, size, "env://", config.parallel.timeout_s, device)
+
+
+def serve_rank(config: EngineConfig) -> None:
+    """A torchrun rank other than 0: load its experts and follow rank 0 until it stops."""
+    rank = torchrun_rank()
+    assert rank is not None and rank > 0
+    _serve(config, _join_torchrun(config, rank))
+
+
+def _serve(config: EngineConfig, group: EPGroup) -> None:
+    try:
+        model_runner(config, group)[0].serve()
+    finally:
+        group.close()
+
+
+def _rank_main(rank: int, config: EngineConfig, port: int, threads: int) -> None:
+    torch.set_num_threads(threads)
+    p = config.parallel
+    _serve(config, EPGroup(rank, p.ep_size, f"tcp://127.0.0.1:{port}", p.timeout_s,
+                           rank_device(config.device, rank)))
+
+
+class Ranks:
+    """Rank 0's view of the other ranks: its group membership and, if it spawned them, the
+    processes (a rank started by torchrun shows its death as a failed collective)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.procs: list[mp.process.BaseProcess] = []
+        self.failure: str | None = None
+        self._closing = False
+        if torchrun_rank() == 0:
+            self.group = _join_torchrun(config, 0)
+        else:
+            self.group = self._spawn(config)
+        self._watcher = threading.Thread(target=self._watch, name="moescope-ep-watch",
+                                         daemon=True)
+        self._watcher.start()
+
+    def _spawn(self, config: EngineConfig) -> EPGroup:
+        size, port = config.parallel.ep_size, free_port()
+        spawn = mp.get_context("spawn")
+        self.procs = [
+            spawn.Process(target=_rank_main, name=f"moescope-ep-rank{rank}", daemon=True,
+                          args=(rank, config, port, torch.get_num_threads()))
+            for rank in range(1, size)
+        ]
+        for proc in self.procs:
+            proc.start()
+        return self._join(size, port, config)
+
+    def _join(self, size: int, port: int, config: EngineConfig) -> EPGroup:
+        """Join the group, failing fast (not at the timeout) if a rank dies while starting."""
+        box: list[EPGroup | BaseException] = []
+
+        def join() -> None:
+            try:
+                box.append(EPGroup(0, size, f"tcp://127.0.0.1:{port}",
+                                   config.parallel.timeout_s, rank_device(config.device, 0)))
+            except BaseException as exc:  # noqa: BLE001 - handed to the starting thread
+                box.append(exc)
+
+        thread = threading.Thread(target=join, daemon=True)
+        thread.start()
+        while thread.is_alive():
+            dead = [p for p in self.procs if p.exitcode is not None]
+            if dead:
+                raise RuntimeError(f"{dead[0].name} exited with code {dead[0].exitcode} "
+                                   "while the expert-parallel group was starting")
+            thread.join(0.05)
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]
+
+    def _watch(self) -> None:
+        if not self.procs:
+            return
+        ready = wait([p.sentinel for p in self.procs])
+        if self._closing:
+            return
+        proc = next(p for p in self.procs if p.sentinel in ready)
+        proc.join(1.0)
+        self.failure = (f"expert-parallel rank {self.procs.index(proc) + 1} ({proc.name}) "
+                        f"exited with code {proc.exitcode}")
+
+    def wait_failure(self, timeout: float) -> str | None:
+        self._watcher.join(timeout)
+        return self.failure
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Tell every rank to stop, wait for them, leave the group (once)."""
+        if self._closing:
+            return
+        self._closing = True
+        if self.failure is None:
+            self.group.send(None)
+        deadline = time.monotonic() + timeout
+        for proc in self.procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.terminate()
+        self.group.close()

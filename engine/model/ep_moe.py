@@ -1,0 +1,74 @@
+"""Expert-parallel experts: send each routed pair to its expert's rank, compute, send back.
+
+Dispatch: this rank's pairs, sorted by (rank, local slot), go out with one all_to_all_single
+after the per-slot counts are exchanged. Each rank regroups what it received by local slot and
+runs one grouped GEMM over its own experts. Combine: results return the same way and are added
+to their rows with the router weights.
+"""
+
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.model.context import RankStats
+from engine.model.grouping import count, group_by_expert
+from engine.parallel import LayerPlacement
+from kernels import moe_experts
+
+if TYPE_CHECKING:
+    from engine.ep_group import EPGroup
+    from engine.model.moe import MoEBlock
+
+
+def ep_experts(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    experts: torch.Tensor,
+    block: "MoEBlock",
+    layer: LayerPlacement,
+    first_row: int,
+    capacity: int | None,
+    group: "EPGroup",
+    stats: RankStats,
+) -> torch.Tensor:
+    """Routed expert output [n, H] for this rank's rows x [n, H] (rows first_row..)."""
+    k, slots = experts.shape[1], layer.num_local
+    dest, local = layer.destinations(experts, first_row)
+    key = dest * slots + local
+    order = torch.sort(key, stable=True).indices
+    send_counts = count(key, group.size * slots).view(group.size, slots)
+    received_counts = group.exchange_counts(send_counts)
+    send, receive = send_counts.sum(1).tolist(), received_counts.sum(1).tolist()
+    received = group.all_to_all(x[order // k], send, receive)
+    t0 = time.perf_counter()
+    y = _local_experts(received, received_counts, block, capacity, stats)
+    stats.compute_s += time.perf_counter() - t0
+    back = group.all_to_all(y, receive, send)
+    row_bytes = x.shape[1] * x.element_size()
+    for rank in range(group.size):
+        if rank != group.rank:
+            stats.sent_bytes[rank] += (send[rank] + receive[rank]) * row_bytes
+    stats.computed.append(sum(receive))
+    scaled = back * weights.flatten()[order].unsqueeze(1).to(back.dtype)
+    return torch.zeros_like(x).index_add_(0, order // k, scaled)
+
+
+def _local_experts(
+    received: torch.Tensor,
+    counts: torch.Tensor,
+    block: "MoEBlock",
+    capacity: int | None,
+    stats: RankStats,
+) -> torch.Tensor:
+    """This rank's experts over the rows it received ([sources, slots] counts), in that order."""
+    sources, slots = counts.shape
+    slot_ids = torch.arange(slots, device=received.device).repeat(sources)
+    slot_of_row = slot_ids.repeat_interleave(counts.flatten().to(received.device))
+    order, kept, _, dropped = group_by_expert(slot_of_row, slots, capacity)
+    stats.dropped.append(int(dropped))
+    if received.shape[0] == 0:
+        return received
+    hosted = block.w_gate_up.shape[0]
+    ones = torch.ones(received.shape[0], 1, device=received.device)
+    return moe_experts(received, block.w_gate_up, block.w_down, order, kept[:hosted], ones)

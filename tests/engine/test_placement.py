@@ -1,0 +1,83 @@
+"""Expert placement, the modeled all-to-all volume, and the rebalancing algorithm."""
+
+import pytest
+import torch
+
+from engine.eplb import pack, predicted_imbalance, rebalance, replica_counts
+from engine.parallel import LayerPlacement, Placement, a2a_bytes, imbalance
+
+
+def test_contiguous_placement_splits_experts_and_rows_evenly() -> None:
+    p = Placement.contiguous(num_layers=2, num_experts=8, ep_size=4)
+    assert p.slots()[1] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert p.token_ranks(10).tolist() == [0, 0, 0, 1, 1, 2, 2, 2, 3, 3]
+    ranges = [p.row_range(r, 10) for r in range(4)]
+    assert ranges == [(0, 3), (3, 5), (5, 8), (8, 10)]
+    for r, (start, end) in enumerate(ranges):
+        assert (p.token_ranks(10)[start:end] == r).all()
+
+
+def test_placement_refuses_an_ep_size_that_does_not_divide_the_experts() -> None:
+    with pytest.raises(ValueError, match="ep_size"):
+        Placement.contiguous(1, 8, 3)
+
+
+def test_unplaced_expert_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"\[2\]"):
+        LayerPlacement(((0,), (1,)), num_experts=3)
+
+
+def test_replicated_expert_splits_its_pairs_between_replicas() -> None:
+    layer = LayerPlacement(((0, 1), (0, 2)), num_experts=3)
+    experts = torch.tensor([[0], [0], [0], [0], [1], [2]])
+    rank, local = layer.destinations(experts, first_row=5)
+    # rows 5..8 pick replica row % 2: rank 1 (odd rows) and rank 0 (even rows)
+    assert rank.tolist() == [1, 0, 1, 0, 0, 1]
+    assert local.tolist() == [0, 0, 0, 0, 1, 1]
+    loads = layer.rank_loads(torch.tensor([10.0, 4.0, 2.0]))
+    assert loads.tolist() == [9.0, 7.0]
+
+
+def test_a2a_bytes_counts_dispatch_and_combine_in_their_directions() -> None:
+    pairs = torch.tensor([[[5, 3], [1, 7]], [[0, 2], [4, 0]]])  # [layers, src, dst]
+    sent = a2a_bytes(pairs, bytes_per_pair=10)
+    # 0 -> 1: 0's pairs computed on 1 (3 + 2) plus results of 1's pairs computed on 0 (1 + 4)
+    assert sent == [[0, 100], [100, 0]]
+    assert a2a_bytes(torch.tensor([[[3, 6], [0, 0]]]), 1) == [[0, 6], [6, 0]]
+
+
+def test_imbalance_weighs_each_layer_by_its_busiest_rank() -> None:
+    assert imbalance(torch.tensor([[5, 5], [5, 5]])) == 1.0
+    assert imbalance(torch.tensor([[9, 1], [5, 5]])) == pytest.approx(14 / 10)
+    assert imbalance(torch.zeros(2, 2)) == 1.0
+
+
+def test_replicas_go_to_the_heaviest_shares() -> None:
+    assert replica_counts([100.0, 10.0, 1.0, 1.0], ep_size=2, extra=2) == [2, 2, 1, 1]
+    assert replica_counts([100.0, 10.0, 1.0, 1.0], ep_size=4, extra=2) == [3, 1, 1, 1]
+    assert replica_counts([5.0, 5.0], ep_size=2, extra=9) == [2, 2]
+
+
+@pytest.mark.parametrize("ep_size,extra", [(2, 0), (2, 3), (4, 0), (4, 5)])
+def test_pack_places_every_expert_with_even_slots(ep_size: int, extra: int) -> None:
+    gen = torch.Generator().manual_seed(ep_size + extra)
+    load = (torch.rand(16, generator=gen) ** 4 * 100).tolist()
+    slots = pack(load, ep_size, extra)
+    hosted = sorted(e for rank in slots for e in rank)
+    assert set(hosted) == set(range(16)) and len(hosted) == 16 + extra
+    sizes = [len(s) for s in slots]
+    assert max(sizes) - min(sizes) <= 1
+    assert all(len(set(s)) == len(s) for s in slots)  # no two replicas on one rank
+
+
+def test_rebalance_lowers_the_imbalance_of_skewed_loads() -> None:
+    skew = torch.exp(-0.6 * torch.arange(8, dtype=torch.float))
+    loads = torch.stack([skew * 1000, skew.flip(0) * 1000])  # two layers, opposite hot ends
+    old = Placement.contiguous(2, 8, 2)
+    new = rebalance(loads, old, replicas=0)
+    assert new.version == old.version + 1
+    before, after = predicted_imbalance(old, loads), predicted_imbalance(new, loads)
+    assert before > 1.5
+    assert after < 1.1
+    with_replicas = predicted_imbalance(rebalance(loads, old, replicas=2), loads)
+    assert with_replicas <= after
