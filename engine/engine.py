@@ -255,8 +255,7 @@ class LLMEngine:
 
     def _auto_rebalance(self) -> None:
         interval = self.knobs.eplb_interval_steps
-        self._since_rebalance += 1
-        if interval is not None and self._since_rebalance > interval and self._loads:
+        if interval is not None and self._since_rebalance >= interval and self._loads:
             self.rebalance(interval, self.knobs.eplb_replicas, origin="auto")
 
     # the step
@@ -282,6 +281,7 @@ class LLMEngine:
             outputs, finished = [], []
         durations = [t1 - t0, t2 - t1, t3 - t2, t4 - t3, time.perf_counter() - t0]
         telemetry = self._telemetry(sched, result, finished, durations, applied)
+        self._since_rebalance += 1
         return StepResult(outputs, telemetry)
 
     def _sample_and_update(

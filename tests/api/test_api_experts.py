@@ -20,6 +20,13 @@ def test_one_process_has_nothing_to_rebalance(served: Served) -> None:
     assert "nothing to rebalance" in resp.json()["error"]["message"]
 
 
+def test_auto_rebalancing_is_refused_without_expert_parallel(served: Served) -> None:
+    resp = httpx.patch(served.url + "/api/knobs", json={"eplb_interval_steps": 8})
+    assert resp.status_code == 422
+    error = resp.json()["error"]
+    assert error["param"] == "eplb_interval_steps" and "ep_size" in error["message"]
+
+
 @pytest.mark.parametrize("body, field", [({"window": 0}, "window"), ({"replicas": -1}, "replicas"),
                                          ({"window": "8"}, "window"), ({"bogus": 1}, "bogus")])
 def test_bad_rebalance_bodies_name_the_field(served: Served, body: dict, field: str) -> None:

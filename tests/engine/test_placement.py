@@ -2,7 +2,9 @@
 
 import pytest
 import torch
+from workloads import make_prompts, run_staggered, tokens
 
+from engine import LLMEngine, SamplingParams
 from engine.eplb import pack, predicted_imbalance, rebalance, replica_counts
 from engine.parallel import LayerPlacement, Placement, a2a_bytes, imbalance
 
@@ -81,3 +83,29 @@ def test_rebalance_lowers_the_imbalance_of_skewed_loads() -> None:
     assert after < 1.1
     with_replicas = predicted_imbalance(rebalance(loads, old, replicas=2), loads)
     assert with_replicas <= after
+
+
+def test_auto_rebalance_every_n_steps_keeps_outputs() -> None:
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    batch = make_prompts(12, seed=4)
+    args = dict(model="synthetic:tiny", num_kv_blocks=128, block_size=4, router_skew=1.5)
+    engine = LLMEngine(ep_size=2, eplb_interval_steps=4, eplb_replicas=1, **args)
+    got, tele = run_staggered(engine, batch, params, per_step=2)
+    assert tokens(got) == tokens(run_staggered(LLMEngine(**args), batch, params, per_step=2)[0])
+    auto = [c for t in tele for c in t["knob_changes"] if c["origin"] == "auto"]
+    assert len(auto) == (len(tele) - 1) // 4
+    assert [c["changes"]["expert_placement"][1] for c in auto] == list(range(2, len(auto) + 2))
+    assert tele[-1]["a2a"]["placement_version"] == len(auto) + 1
+    assert tele[0]["a2a"]["imbalance"] > 1.3 > max(t["a2a"]["imbalance"] for t in tele[6:])
+
+
+def test_rebalance_knobs_are_validated_against_the_engine() -> None:
+    with pytest.raises(ValueError, match="eplb_interval_steps"):
+        LLMEngine(model="synthetic:tiny", eplb_interval_steps=8)
+    with pytest.raises(ValueError, match="eplb_replicas"):
+        LLMEngine(model="synthetic:tiny", ep_size=2, eplb_replicas=9)
+    engine = LLMEngine(model="synthetic:tiny", ep_size=2)
+    with pytest.raises(ValueError, match="no expert load"):
+        engine.rebalance()
+    with pytest.raises(ValueError, match="nothing to rebalance"):
+        LLMEngine(model="synthetic:tiny").rebalance()
