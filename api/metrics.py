@@ -118,6 +118,9 @@ class Metrics:
                                       "Token-expert pairs dropped by the capacity factor.", "layer")
         self.a2a_bytes = counter("a2a_bytes", "All-to-all bytes between expert-parallel ranks.",
                                  "src", "dst")
+        self.rank_tokens = counter("ep_rank_tokens",
+                                   "Token-expert pairs computed by each expert-parallel rank.",
+                                   "rank")
         self.ttft = histogram("time_to_first_token_seconds", "Time to first token.",
                               TTFT_BUCKETS)
         self.tpot = histogram("time_per_output_token_seconds", "Mean time per output token.",
@@ -158,6 +161,7 @@ class Metrics:
         experts: list[list[int]] | None = None
         a2a: list[list[int]] | None = None
         dropped: list[list[int]] | None = None
+        ranks: list[list[int]] | None = None
         preempted = 0
         for r in records:
             self.step_duration.observe(r["dur_ms"]["total"] / 1000)
@@ -171,6 +175,7 @@ class Metrics:
             experts = _add(experts, r["experts"]["counts"])
             a2a = _add(a2a, r["a2a"]["bytes"])
             dropped = _add(dropped, [r["experts"]["dropped"]])
+            ranks = _add(ranks, [r["a2a"].get("rank_tokens") or [0] * r["a2a"]["ep_size"]])
         self.steps.inc(len(records))
         if preempted:
             self.preemptions.inc(preempted)
@@ -178,8 +183,9 @@ class Metrics:
             for i, row in enumerate(matrix or []):
                 for j, value in enumerate(row):
                     self._child(metric, i, j).inc(value)
-        for layer, value in enumerate(dropped[0] if dropped else []):
-            self._child(self.expert_dropped, layer).inc(value)
+        for metric, counts in ((self.expert_dropped, dropped), (self.rank_tokens, ranks)):
+            for i, value in enumerate(counts[0] if counts else []):
+                self._child(metric, i).inc(value)
 
     def drain(self) -> None:
         if self._sub is None:

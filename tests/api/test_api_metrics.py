@@ -12,7 +12,7 @@ NAMES = [
     "moescope:generation_tokens_total", "moescope:num_steps_total",
     "moescope:time_to_first_token_seconds_count", "moescope:time_per_output_token_seconds_count",
     "moescope:e2e_request_latency_seconds_count", "moescope:step_duration_seconds_count",
-    "moescope:expert_tokens_total", "moescope:a2a_bytes_total",
+    "moescope:expert_tokens_total", "moescope:a2a_bytes_total", "moescope:ep_rank_tokens_total",
     "moescope:request_success_total",
 ]
 
@@ -52,6 +52,7 @@ def test_metrics_parse_and_move_with_traffic(served: Served) -> None:
     assert moved["moescope:step_duration_seconds_count"] == moved["moescope:num_steps_total"]
     # every token passes through top_k experts in each layer
     assert moved["moescope:expert_tokens_total"] == 2 * (9 + 6) * 2 * 2
+    assert moved["moescope:ep_rank_tokens_total"] == moved["moescope:expert_tokens_total"]
     assert moved["moescope:prefix_cache_queries_total"] > 0
     assert after["moescope:num_requests_running"] == 0
     assert after["moescope:kv_cache_usage_perc"] == 0
