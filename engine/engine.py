@@ -79,6 +79,7 @@ class LLMEngine:
         self._pending_knobs: list[tuple[Knobs, KnobChange]] = []
         self._knob_lock = threading.Lock()
         self._unreported: list[KnobChange] = []
+        self._finished_between: list[Request] = []
         self._loads: deque[torch.Tensor] = deque(maxlen=LOAD_WINDOW)
         self._since_rebalance = 0
         self._arrived = 0
@@ -163,6 +164,20 @@ class LLMEngine:
             return False
         self.scheduler.finish(req, "abort")
         self.sampler.forget(request_id)
+        return True
+
+    def finish(self, request_id: str, reason: str = "stop") -> bool:
+        """End a request now as if it had finished (e.g. a stop string matched its text).
+
+        Frees its KV blocks; the next step's telemetry counts it as finished, with its
+        latencies. False if it is unknown or already done.
+        """
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return False
+        self.scheduler.finish(req, reason)
+        self.sampler.forget(request_id)
+        self._finished_between.append(req)
         return True
 
     def has_unfinished(self) -> bool:
@@ -265,6 +280,7 @@ class LLMEngine:
         self._apply_knobs()
         self._auto_rebalance()
         applied, self._unreported = self._unreported, []
+        ended, self._finished_between = self._finished_between, []
         sched = self.scheduler.schedule()
         t1 = time.perf_counter()
         self.runner.swap(sched)
@@ -280,7 +296,7 @@ class LLMEngine:
         else:
             outputs, finished = [], []
         durations = [t1 - t0, t2 - t1, t3 - t2, t4 - t3, time.perf_counter() - t0]
-        telemetry = self._telemetry(sched, result, finished, durations, applied)
+        telemetry = self._telemetry(sched, result, ended + finished, durations, applied)
         self._since_rebalance += 1
         return StepResult(outputs, telemetry)
 

@@ -101,7 +101,7 @@ class EngineLoop:
         self.started_t = 0.0
         self._inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
-        self._apply_now = False
+        self._step_now = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="moescope-engine", daemon=True)
         self._ids = 0
@@ -237,10 +237,10 @@ class EngineLoop:
             while not self._stop.is_set():
                 if self.engine.failure is not None:
                     raise RuntimeError(self.engine.failure)
-                busy = self.engine.has_unfinished() or self._apply_now
+                busy = self.engine.has_unfinished() or self._step_now
                 self._drain_inbox(block=not busy)
-                if self.engine.has_unfinished() or self._apply_now:
-                    self._apply_now = False
+                if self.engine.has_unfinished() or self._step_now:
+                    self._step_now = False
                     self._step()
         except Exception as exc:  # noqa: BLE001 - reported to every waiting client
             cause = self.engine.wait_failure(1.0) or f"{type(exc).__name__}: {exc}"
@@ -292,7 +292,7 @@ class EngineLoop:
             item.future.set_exception(exc)
             return
         self.knobs = self.engine.latest_knobs
-        self._apply_now = True
+        self._step_now = True
         item.future.set_result(version)
 
     def _rebalance(self, item: _Rebalance) -> None:
@@ -301,7 +301,7 @@ class EngineLoop:
         except ValueError as exc:
             item.future.set_exception(exc)
             return
-        self._apply_now = True
+        self._step_now = True
         item.future.set_result(summary)
 
     def _step(self) -> None:
@@ -353,7 +353,8 @@ class EngineLoop:
             hits = [i for s in stream.stop if (i := text.find(s, start)) >= 0]
             if hits:
                 if not out.finished:
-                    self.engine.abort(out.request_id)
+                    self.engine.finish(out.request_id)
+                    self._step_now = True  # a step reports it even if nothing else runs
                 return replace(out, text=text[:min(hits)], finished=True, finish_reason="stop")
         if out.finished:
             return out

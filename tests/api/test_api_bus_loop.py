@@ -64,20 +64,40 @@ def _run(loop: EngineLoop, prompt: list[int], stop: tuple[str, ...] = (),
     return outs
 
 
+def _stop_inside(text: str) -> str:
+    """Three clean characters from the middle of `text`, to use as a stop string."""
+    return next(text[i:i + 3] for i in range(6, len(text) - 3) if "\ufffd" not in text[i:i + 3])
+
+
 def test_text_only_grows_and_stop_strings_cut_it(loop: EngineLoop) -> None:
     outs = _run(loop, [256, 1, 2, 3], max_tokens=48)
     texts = [o.text for o in outs]
     assert all(b.startswith(a) for a, b in zip(texts, texts[1:], strict=False))
     assert not any(t.endswith("\ufffd") for t in texts[:-1])
     full = texts[-1]
-    stop = next(full[i:i + 3] for i in range(6, len(full) - 3) if "\ufffd" not in full[i:i + 3])
+    stop = _stop_inside(full)
     cut = _run(loop, [256, 1, 2, 3], (stop,), max_tokens=48)
     assert cut[-1].text == full[:full.index(stop)]
     assert cut[-1].finish_reason == "stop" and cut[-1].finished
     cut_texts = [o.text for o in cut]
     assert all(b.startswith(a) for a, b in zip(cut_texts, cut_texts[1:], strict=False))
-    wait_for(lambda: not loop.engine.requests, what="the stopped request to be aborted")
+    wait_for(lambda: not loop.engine.requests, what="the stopped request to end")
     assert loop.engine.blocks.num_used == 0
+
+
+def test_a_stop_string_finish_is_in_the_step_latencies(loop: EngineLoop) -> None:
+    full = _run(loop, [256, 1, 2, 3], max_tokens=48)[-1].text
+    stop = _stop_inside(full)
+    sub = loop.bus.subscribe()
+    cut = _run(loop, [256, 1, 2, 3], (stop,), max_tokens=48)
+    assert cut[-1].finish_reason == "stop" and len(cut[-1].token_ids) < 48
+    records: list[dict] = []
+    wait_for(lambda: records.extend(sub.drain()[0]) or any(r["queue"]["finished"]
+                                                           for r in records),
+             what="a step that reports the stopped request")
+    assert sum(r["queue"]["finished"] for r in records) == 1
+    assert sum(len(r["latency"]["ttft_ms"]) for r in records) == 1
+    loop.bus.unsubscribe(sub)
 
 
 def test_refused_requests_and_a_stopped_loop(loop: EngineLoop) -> None:
