@@ -21,23 +21,17 @@ import argparse
 import datetime as dt
 import platform
 import random
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from results_md import write_section
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from engine import LLMEngine, SamplingParams
 
-from results_md import write_section  # noqa: E402
-
-from engine import LLMEngine, SamplingParams  # noqa: E402
-
-RESULTS_PATH = ROOT / "benchmarks" / "RESULTS.md"
+RESULTS_PATH = Path(__file__).resolve().parent / "RESULTS.md"
 BEGIN, END = "<!-- expert_parallel:begin -->", "<!-- expert_parallel:end -->"
 
 
