@@ -78,3 +78,5 @@ def test_two_ranks_serve_rebalance_and_report_a_dead_rank(ranks2: Served) -> Non
     assert info.value.status_code == 503 and "rank 1" in info.value.message
     status = httpx.get(ranks2.url + "/api/status").json()
     assert status["loop"]["alive"] is False and "rank 1" in status["loop"]["error"]
+    assert status["parallel"]["mode"] == "measured" and "rank 1" in status["parallel"]["failure"]
+    assert status["parallel"]["placement_version"] == 2
