@@ -172,6 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--rate", type=float, default=3.0, help="requests per second")
     demo.add_argument("--duration", type=float, default=0.0, help="seconds; 0 = until Ctrl-C")
     demo.add_argument("--dashboard-port", type=int, default=8501)
+    demo.add_argument("--ep-size", type=int, default=4,
+                      help="expert-parallel ranks modeled in the server's one process")
+    demo.add_argument("--ep", type=int, default=None, metavar="N",
+                      help="instead, shard the experts over N processes (measured all-to-all)")
     demo.set_defaults(func=cmd_demo)
     dash = sub.add_parser("dashboard", help="the Streamlit dashboard for a running server")
     dash.add_argument("--url", default="http://127.0.0.1:8000", help="moescope server URL")

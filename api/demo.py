@@ -1,5 +1,5 @@
-"""`moescope demo`: the server on synthetic:small (recording on), a moderate load running
-against it, and the dashboard."""
+"""`moescope demo`: the server on synthetic:small (recording on, 4 expert-parallel ranks
+modeled, or `--ep N` real ones), a moderate load running against it, and the dashboard."""
 
 import argparse
 import signal
@@ -41,8 +41,9 @@ def run_demo(args: argparse.Namespace) -> int:
     host = "127.0.0.1"
     url = f"http://{host}:{args.port}"
     cli = [sys.executable, "-m", "api.cli"]
+    parallel = ["--ep", str(args.ep)] if args.ep else ["--ep-size", str(args.ep_size)]
     server = subprocess.Popen([*cli, "serve", "--model", MODEL, "--host", host,
-                               "--port", str(args.port)])
+                               "--port", str(args.port), *parallel])
     load: subprocess.Popen | None = None
     dashboard: subprocess.Popen | None = None
     try:
