@@ -5,12 +5,13 @@ Either rank 0 spawns the others on this machine (and a watcher reports one that 
 machines possible) and ranks other than 0 call `serve_rank`.
 """
 
-import multiprocessing as mp
 import os
+import pickle
 import socket
+import subprocess
+import sys
 import threading
 import time
-from multiprocessing.connection import wait
 
 import torch
 
@@ -75,7 +76,8 @@ def _serve(config: EngineConfig, group: EPGroup) -> None:
         group.close()
 
 
-def _rank_main(rank: int, config: EngineConfig, port: int, threads: int) -> None:
+def rank_main(rank: int, config: EngineConfig, port: int, threads: int) -> None:
+    """A spawned rank (see engine/ep_worker.py): join rank 0's group and follow it."""
     torch.set_num_threads(threads)
     p = config.parallel
     _serve(config, EPGroup(rank, p.ep_size, f"tcp://127.0.0.1:{port}", p.timeout_s,
@@ -83,12 +85,14 @@ def _rank_main(rank: int, config: EngineConfig, port: int, threads: int) -> None
 
 
 class Ranks:
-    """Rank 0's view of the other ranks: its group membership and, if it spawned them, the
-    processes (a rank started by torchrun shows its death as a failed collective)."""
+    """Rank 0's view of the other ranks: its group membership and, if it started them, their
+    processes (`python -m engine.ep_worker`, so they never re-run the caller's script; a rank
+    started by torchrun shows its death as a failed collective)."""
 
     def __init__(self, config: EngineConfig) -> None:
-        self.procs: list[mp.process.BaseProcess] = []
+        self.procs: list[subprocess.Popen[bytes]] = []
         self.failure: str | None = None
+        self._failed = threading.Event()
         self._closing = False
         if torchrun_rank() == 0:
             self.group = _join_torchrun(config, 0)
@@ -100,15 +104,19 @@ class Ranks:
 
     def _spawn(self, config: EngineConfig) -> EPGroup:
         size, port = config.parallel.ep_size, free_port()
-        spawn = mp.get_context("spawn")
-        self.procs = [
-            spawn.Process(target=_rank_main, name=f"moescope-ep-rank{rank}", daemon=True,
-                          args=(rank, config, port, torch.get_num_threads()))
-            for rank in range(1, size)
-        ]
-        for proc in self.procs:
-            proc.start()
-        return self._join(size, port, config)
+        payload = pickle.dumps((config, port, torch.get_num_threads()))
+        for rank in range(1, size):
+            proc = subprocess.Popen([sys.executable, "-m", "engine.ep_worker", str(rank)],
+                                    stdin=subprocess.PIPE)
+            assert proc.stdin is not None
+            proc.stdin.write(payload)
+            proc.stdin.close()
+            self.procs.append(proc)
+        try:
+            return self._join(size, port, config)
+        except BaseException:
+            self._stop_procs(0.0)
+            raise
 
     def _join(self, size: int, port: int, config: EngineConfig) -> EPGroup:
         """Join the group, failing fast (not at the timeout) if a rank dies while starting."""
@@ -124,29 +132,45 @@ class Ranks:
         thread = threading.Thread(target=join, daemon=True)
         thread.start()
         while thread.is_alive():
-            dead = [p for p in self.procs if p.exitcode is not None]
+            dead = self._dead()
             if dead:
-                raise RuntimeError(f"{dead[0].name} exited with code {dead[0].exitcode} "
-                                   "while the expert-parallel group was starting")
+                raise RuntimeError(f"{dead} while the expert-parallel group was starting")
             thread.join(0.05)
         if isinstance(box[0], BaseException):
             raise box[0]
         return box[0]
 
+    def _dead(self) -> str | None:
+        """'expert-parallel rank K exited with code C' for the first rank that exited."""
+        for rank, proc in enumerate(self.procs, start=1):
+            if proc.poll() is not None:
+                return f"expert-parallel rank {rank} exited with code {proc.returncode}"
+        return None
+
     def _watch(self) -> None:
-        if not self.procs:
-            return
-        ready = wait([p.sentinel for p in self.procs])
-        if self._closing:
-            return
-        proc = next(p for p in self.procs if p.sentinel in ready)
-        proc.join(1.0)
-        self.failure = (f"expert-parallel rank {self.procs.index(proc) + 1} ({proc.name}) "
-                        f"exited with code {proc.exitcode}")
+        while self.procs and not self._closing:
+            dead = self._dead()
+            if dead is not None:
+                if not self._closing:
+                    self.failure = dead
+                    self._failed.set()
+                return
+            time.sleep(0.05)
 
     def wait_failure(self, timeout: float) -> str | None:
-        self._watcher.join(timeout)
+        """The failure, waiting up to `timeout` s for a rank's exit to be noticed."""
+        if self.procs:
+            self._failed.wait(timeout)
         return self.failure
+
+    def _stop_procs(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for proc in self.procs:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
     def close(self, timeout: float = 10.0) -> None:
         """Tell every rank to stop, wait for them, leave the group (once)."""
@@ -155,9 +179,5 @@ class Ranks:
         self._closing = True
         if self.failure is None:
             self.group.send(None)
-        deadline = time.monotonic() + timeout
-        for proc in self.procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
-            if proc.is_alive():
-                proc.terminate()
+        self._stop_procs(timeout)
         self.group.close()

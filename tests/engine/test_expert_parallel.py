@@ -1,5 +1,7 @@
 """Expert parallel over 2 real ranks (gloo, spawned processes) against one process."""
 
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -139,6 +141,18 @@ def test_offline_llm_with_ranks_closes_them(prompts) -> None:
     with LLM(ep_size=2, ep_distributed=True, **ARGS) as llm:
         procs = llm.engine.ranks.procs
         got = llm.generate(prompts[:3], PARAMS, use_tqdm=False)
-    assert not any(p.is_alive() for p in procs)
+    assert all(p.poll() is not None for p in procs)
     want = LLM(**ARGS).generate(prompts[:3], PARAMS, use_tqdm=False)
     assert tokens(got) == tokens(want)
+
+
+def test_a_script_without_a_main_guard_can_start_ranks() -> None:
+    """Ranks run `python -m engine.ep_worker`, never the caller's script."""
+    script = ("from engine import LLM, SamplingParams\n"
+              "with LLM(ep_size=2, ep_distributed=True, num_kv_blocks=64) as llm:\n"
+              "    out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3), use_tqdm=False)\n"
+              "print('tokens', len(out[0].token_ids))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "tokens 3"
