@@ -5,6 +5,10 @@ top-level fields (plus `step`). When a slow client's buffer overflowed, the next
 gets carries `dropped`: how many steps were lost for it since the previous message. While
 the session recorder runs, each message carries `recorder` {ok, dropped, pending}: whether
 the database takes writes, steps the recorder dropped so far, steps waiting to be written.
+`bundle=1` sends the steps ready at once as one JSON array per message instead (the
+dashboard's choice: one send per burst rather than one per step). All clients share one bus
+subscription and one encoding per step and selection (api/telemetry_fanout.py); messages
+leave in bursts at most every 50 ms.
 """
 
 import asyncio
@@ -14,8 +18,7 @@ from typing import Any
 from fastapi import APIRouter, WebSocket
 from starlette.datastructures import QueryParams
 
-from engine.bus import Subscription
-from engine.loop import EngineLoop
+from api.telemetry_fanout import ClientQueue, TelemetryFanout
 from engine.telemetry import StepTelemetry
 from storage import Recorder
 
@@ -43,26 +46,29 @@ def parse_query(query: QueryParams) -> tuple[int, list[str] | None]:
     return every, ["step", *(f for f in names if f != "step")]
 
 
-async def _send(ws: WebSocket, sub: Subscription, wake: asyncio.Event,
-                fields: list[str] | None, recorder: Recorder | None) -> None:
-    brief = recorder.brief if recorder is not None and (not fields or "recorder" in fields) \
-        else None
+def parse_bundle(query: QueryParams) -> bool:
+    """`bundle`: 0 or 1 (default 0); ValueError names the parameter."""
+    raw = query.get("bundle", "0")
+    if raw not in ("0", "1"):
+        raise ValueError(f"bundle: expected 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
+def fanout(app: Any) -> TelemetryFanout:
+    """The app's one TelemetryFanout, made on first use."""
+    hub: TelemetryFanout | None = getattr(app.state, "telemetry_fanout", None)
+    if hub is None:
+        recorder: Recorder | None = app.state.recorder
+        hub = TelemetryFanout(app.state.loop.bus, app.state.settings.ws_buffer,
+                              recorder.brief if recorder is not None else None)
+        app.state.telemetry_fanout = hub
+    return hub
+
+
+async def _send(ws: WebSocket, client: ClientQueue) -> None:
     while True:
-        records, dropped = sub.drain()
-        if not records:
-            wake.clear()
-            records, dropped = sub.drain()
-            if not records:
-                await wake.wait()
-                continue
-        for i, record in enumerate(records):
-            msg: dict[str, Any] = {k: record[k] for k in fields if k in record} if fields \
-                else record
-            if brief is not None:
-                msg = {**msg, "recorder": brief()}
-            if i == 0 and dropped:
-                msg = {**msg, "dropped": dropped}
-            await ws.send_text(json.dumps(msg))
+        for text in await client.take():
+            await ws.send_text(text)
 
 
 async def _until_closed(ws: WebSocket) -> None:
@@ -75,24 +81,18 @@ async def telemetry(ws: WebSocket) -> None:
     await ws.accept()
     try:
         every, fields = parse_query(ws.query_params)
+        bundle = parse_bundle(ws.query_params)
     except ValueError as exc:
         await ws.send_text(json.dumps({"error": str(exc)}))
         await ws.close(code=1008)
         return
-    loop: EngineLoop = ws.app.state.loop
-    aloop = asyncio.get_running_loop()
-    wake = asyncio.Event()
-
-    def notify() -> None:
-        aloop.call_soon_threadsafe(wake.set)
-
-    sub = loop.bus.subscribe(ws.app.state.settings.ws_buffer, notify, every)
-    tasks = {asyncio.create_task(_send(ws, sub, wake, fields, ws.app.state.recorder)),
-             asyncio.create_task(_until_closed(ws))}
+    hub = fanout(ws.app)
+    client = hub.attach(every, fields, bundle)
+    tasks = {asyncio.create_task(_send(ws, client)), asyncio.create_task(_until_closed(ws))}
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        loop.bus.unsubscribe(sub)
+        hub.detach(client)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -8,8 +8,12 @@ import httpx
 TIMEOUT_S = 5.0
 
 
-def ws_url(url: str, path: str = "/ws/telemetry") -> str:
-    """`http://host:port` -> `ws://host:port/ws/telemetry` (https -> wss)."""
+LIVE_PATH = "/ws/telemetry?bundle=1"
+
+
+def ws_url(url: str, path: str = LIVE_PATH) -> str:
+    """`http://host:port` -> `ws://host:port` + `path` (https -> wss); by default the live
+    telemetry in bundles (one message per server burst rather than one per step)."""
     return url.rstrip("/").replace("http", "ws", 1) + path
 
 

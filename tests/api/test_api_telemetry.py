@@ -45,14 +45,18 @@ def test_one_record_per_step_with_every_field(served: Served) -> None:
     assert sum(len(m["latency"]["ttft_ms"]) for m in msgs) == 4
 
 
-def _drain(ws: ClientConnection) -> list[dict[str, Any]]:
-    """Everything sent so far (the engine is idle, so nothing more is coming)."""
+def _drain_raw(ws: ClientConnection) -> list[str]:
+    """Every message sent so far (the engine is idle, so nothing more is coming)."""
     out = []
     while True:
         try:
-            out.append(_recv(ws, timeout=0.5))
+            out.append(str(ws.recv(timeout=0.5)))
         except TimeoutError:
             return out
+
+
+def _drain(ws: ClientConnection) -> list[dict[str, Any]]:
+    return [json.loads(m) for m in _drain_raw(ws)]
 
 
 def test_every_and_fields_filter(served: Served) -> None:
@@ -66,7 +70,21 @@ def test_every_and_fields_filter(served: Served) -> None:
     assert steps == list(range(steps[0], steps[-1] + 1, 3))
 
 
-@pytest.mark.parametrize("query", ["?every=0", "?every=x", "?fields=kv,nope"])
+def test_bundles_carry_every_step_in_order(served: Served) -> None:
+    with ws_connect(served.ws_url + "?bundle=1&fields=queue") as ws, \
+            ws_connect(served.ws_url + "?fields=queue") as plain:
+        traffic(served.loop, 4, 40)
+        wait_idle(served.loop)
+        bundles = [json.loads(m) for m in _drain_raw(ws)]
+        singles = _drain(plain)
+    assert bundles and all(isinstance(b, list) and b for b in bundles)
+    assert any(len(b) > 1 for b in bundles)  # steps come several to a message
+    assert [f for b in bundles for f in b] == singles
+    steps = [m["step"] for m in singles]
+    assert steps == list(range(steps[0], steps[0] + len(steps)))
+
+
+@pytest.mark.parametrize("query", ["?every=0", "?every=x", "?fields=kv,nope", "?bundle=2"])
 def test_bad_query_is_refused_with_a_message(served: Served, query: str) -> None:
     with ws_connect(served.ws_url + query) as ws:
         msg = _recv(ws)

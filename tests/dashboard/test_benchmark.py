@@ -11,7 +11,11 @@ def test_dashboard_benchmark_quick(tmp_path: Path) -> None:
     res = bench.main(["--quick", "--results", str(results)])
     assert res["lag"]["samples"] > 0 and res["lag"]["steps_per_s"] > 0
     assert res["render"]["frames"] > 0 and res["render"]["build_ms"] > 0
-    assert res["overhead"]["off_ms"] > 0 and res["overhead"]["on_ms"] > 0
+    for mode in bench.MODES:
+        assert res["overhead"][mode]["wall"] > 0 and res["overhead"][mode]["cpu"] > 0
+        assert res["overhead"][mode]["server"] >= 0
+    assert res["overhead"][bench.BUNDLED]["consumer"] > 0
     text = results.read_text()
     assert "before" in text and "after" in text and "old" not in text
-    assert "| ratio 3 consumers / none |" in text
+    assert "| ratio of mean step time, 3 dashboard consumers / none |" in text
+    assert "| 3 consumers, one message a step |" in text

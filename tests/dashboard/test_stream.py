@@ -20,11 +20,17 @@ def _free_port() -> int:
 
 @contextmanager
 def _server(port: int, first_step: int) -> Iterator[Server]:
-    """Sends steps first_step.. (the third one with `dropped: 2`), then waits."""
+    """Sends steps first_step.. (the third one with `dropped: 2`): five one a message, then
+    five as one bundle (the eighth with `dropped: 1`); then waits."""
+
+    def frame(i: int) -> dict[str, int]:
+        dropped = {first_step + 2: 2, first_step + 7: 1}.get(i)
+        return {"step": i, **({"dropped": dropped} if dropped else {})}
 
     def handler(ws: ServerConnection) -> None:
-        for i in range(first_step, first_step + 10):
-            ws.send(json.dumps({"step": i, **({"dropped": 2} if i == first_step + 2 else {})}))
+        for i in range(first_step, first_step + 5):
+            ws.send(json.dumps(frame(i)))
+        ws.send(json.dumps([frame(i) for i in range(first_step + 5, first_step + 10)]))
         for _ in ws:
             pass
 
@@ -44,13 +50,14 @@ def test_buffer_drops_and_reconnect_after_a_server_restart() -> None:
         with _server(port, 0):
             stream.start()
             wait_for(lambda: stream.received == 10, 5, "ten frames")
-            assert stream.state == CONNECTED and stream.dropped == 2
+            assert stream.state == CONNECTED and stream.dropped == 3
             assert [f["step"] for f in stream.frames()] == list(range(2, 10))
+            assert not any("dropped" in f for f in stream.frames())
         wait_for(lambda: stream.state == RECONNECTING, 5, "reconnecting")
         wait_for(lambda: stream.state == GONE, 5, "server gone")
         with _server(port, 100):
             wait_for(lambda: stream.received == 20, 5, "frames after the restart")
-            assert stream.state == CONNECTED and stream.dropped == 4
+            assert stream.state == CONNECTED and stream.dropped == 6
             assert stream.frames()[-1]["step"] == 109
     finally:
         stream.stop()
