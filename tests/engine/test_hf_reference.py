@@ -300,3 +300,28 @@ def test_text_prompt_round_trip(checkpoints: dict[str, Path]) -> None:
     assert out.text == direct.decode(out.token_ids, skip_special_tokens=True)
     assert out.text.strip()
     assert FileTokenizer(path / "tokenizer.json").decode(ids) == text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mixtral", "qwen2_moe"])
+def test_expert_parallel_matches_transformers(checkpoints: dict[str, Path], name: str) -> None:
+    """Experts sharded over 2 real ranks: log-probabilities of every generated position and
+    the greedy tokens still follow transformers (shared experts included)."""
+    engine = LLMEngine(model=str(checkpoints[name]), num_kv_blocks=64, block_size=4,
+                       prefill_chunk_size=8, max_num_batched_tokens=24, max_num_seqs=8, ep_size=2,
+                       ep_distributed=True)
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, logprobs=3)
+    try:
+        prompts = _prompts([7, 13, 21], seed=len(name) + 1)
+        outputs = _run(engine, [(0, prompts[0]), (1, prompts[1]), (3, prompts[2])], params)
+    finally:
+        engine.close()
+    ref = _reference(checkpoints[name])
+    for out in outputs.values():
+        seq = out.prompt_token_ids + out.token_ids
+        expected = torch.log_softmax(reference_logits(ref, seq[:-1]), dim=-1)
+        start = len(out.prompt_token_ids) - 1
+        assert out.token_ids == expected[start:].argmax(-1).tolist()
+        for i, top in enumerate(out.logprobs):
+            for token, value in top.items():
+                assert value == pytest.approx(expected[start + i, token].item(), abs=ATOL)
