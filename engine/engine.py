@@ -342,7 +342,7 @@ class LLMEngine:
             request_id=req.request_id,
             prompt_token_ids=req.prompt_token_ids,
             token_ids=list(req.output_token_ids),
-            text=self.tokenizer.decode(req.output_token_ids),
+            text=req.text.update(self.tokenizer, req.output_token_ids),
             finished=req.status is Status.FINISHED,
             finish_reason=req.finish_reason,
             ttft_s=req.ttft_s,

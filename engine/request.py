@@ -5,6 +5,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
+from engine.detokenizer import IncrementalText
 from engine.sampling_params import SamplingParams
 
 _ids = itertools.count()
@@ -39,6 +40,7 @@ class Request:
     slot: int | None = None
     seq: int = field(default_factory=lambda: next(_ids))
     all_token_ids: list[int] = field(default_factory=list)
+    text: IncrementalText = field(default_factory=IncrementalText)  # of the output tokens
 
     def __post_init__(self) -> None:
         if not self.request_id:
