@@ -5,6 +5,7 @@ Either rank 0 spawns the others on this machine (and a watcher reports one that 
 machines possible) and ranks other than 0 call `serve_rank`.
 """
 
+import contextlib
 import os
 import pickle
 import socket
@@ -178,6 +179,7 @@ class Ranks:
             return
         self._closing = True
         if self.failure is None:
-            self.group.send(None)
+            with contextlib.suppress(RuntimeError):  # a rank already gone
+                self.group.send(None)
         self._stop_procs(timeout)
         self.group.close()
