@@ -1,11 +1,13 @@
 """`python -m dashboard --url http://127.0.0.1:8000 --port 8501`: `streamlit run` on the app."""
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 APP = Path(__file__).with_name("app.py")
+NICE = 10  # the dashboard yields the CPU to the engine when both want it
 
 
 def command(url: str, port: int, address: str = "127.0.0.1") -> list[str]:
@@ -20,7 +22,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="moescope server URL")
     parser.add_argument("--port", type=int, default=8501, help="dashboard port")
     parser.add_argument("--address", default="127.0.0.1", help="dashboard bind address")
+    parser.add_argument("--nice", type=int, default=NICE,
+                        help="lower the dashboard's CPU priority by this much (0: as the "
+                             "caller), so that on a busy machine the engine comes first")
     args = parser.parse_args(argv)
+    if args.nice:
+        os.nice(args.nice)
     try:
         return subprocess.call(command(args.url, args.port, args.address))
     except KeyboardInterrupt:

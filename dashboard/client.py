@@ -1,4 +1,4 @@
-"""The dashboard's HTTP calls to the server (knobs)."""
+"""The dashboard's HTTP calls to the server (knobs, expert placement, sessions)."""
 
 import os
 from typing import Any
@@ -36,11 +36,39 @@ def patch_knobs(url: str, changes: dict[str, Any]) -> tuple[bool, str]:
                            json=changes, headers=_headers(), timeout=TIMEOUT_S)
     except httpx.HTTPError as exc:
         return False, f"server unreachable: {exc}"
-    body = resp.json()
     if resp.status_code == 200:
-        return True, f"accepted as version {body['version']}"
-    error = body.get("error", {})
-    return False, error.get("message") or str(body)
+        return True, f"accepted as version {resp.json()['version']}"
+    return False, _error(resp)
+
+
+def _error(resp: httpx.Response) -> str:
+    """The server's message from an `{"error": {"message": ...}}` body, else the raw body."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return f"HTTP {resp.status_code}: {resp.text[:200]}"
+    error = body.get("error") if isinstance(body, dict) else None
+    return (error.get("message") if isinstance(error, dict) else None) or str(body)
+
+
+def rebalance_experts(url: str, window: int, replicas: int) -> tuple[bool, str]:
+    """POST /api/experts/rebalance; (True, what changed) or (False, the server's message)."""
+    try:
+        resp = httpx.post(url.rstrip("/") + "/api/experts/rebalance",
+                          json={"window": window, "replicas": replicas}, headers=_headers(),
+                          timeout=TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        return False, f"server unreachable: {exc}"
+    if resp.status_code != 200:
+        return False, _error(resp)
+    body = resp.json()
+    try:
+        return True, (f"placement v{body['placement_version']}: predicted imbalance "
+                      f"{body['imbalance_before']:.2f} → {body['imbalance_after']:.2f} "
+                      f"(loads of {body['window_steps']} steps, {body['replicas']} replicas, "
+                      f"{body['moved_bytes']:,} bytes of weights moved)")
+    except (KeyError, TypeError, ValueError):
+        return True, f"rebalanced: {body}"
 
 
 def list_sessions(url: str) -> list[dict[str, Any]]:

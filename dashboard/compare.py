@@ -8,6 +8,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from dashboard import rolling
+
 Record = dict[str, Any]
 
 # (key, label, lower is better)
@@ -28,12 +30,8 @@ METRICS: tuple[tuple[str, str, bool], ...] = (
 
 def percentile(values: Sequence[float], q: float) -> float | None:
     """Linear-interpolated percentile (numpy's default) of `values`; None when empty."""
-    xs = sorted(values)
-    if not xs:
-        return None
-    pos = (len(xs) - 1) * q / 100
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    ranked = sorted(values)
+    return rolling.percentile(ranked, q) if ranked else None
 
 
 def tpot_ms(req: Record) -> float | None:

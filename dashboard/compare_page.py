@@ -8,6 +8,7 @@ from dashboard import charts
 from dashboard.client import get_requests, get_session, get_steps
 from dashboard.compare import delta_rows, summarize
 from dashboard.session_picker import recorded_sessions
+from dashboard.window import StepWindow, WindowView
 
 MAX_CHART_STEPS = 3000
 CHARTS = ("throughput", "latency", "step_time", "queues", "imbalance", "kv")
@@ -23,10 +24,12 @@ def _label(s: dict[str, Any]) -> str:
 
 @st.cache_data(ttl=5, show_spinner="loading session…")
 def load(url: str, session_id: str) -> tuple[dict[str, Any], list[dict[str, Any]],
-                                            list[dict[str, Any]]]:
-    """The session's summary, its first MAX_CHART_STEPS steps and its requests."""
-    return (get_session(url, session_id), get_steps(url, session_id, max_steps=MAX_CHART_STEPS),
-            get_requests(url, session_id))
+                                            list[dict[str, Any]], WindowView]:
+    """The session's summary, its first MAX_CHART_STEPS steps, its requests and the charts'
+    view of those steps."""
+    steps = get_steps(url, session_id, max_steps=MAX_CHART_STEPS)
+    return (get_session(url, session_id), steps, get_requests(url, session_id),
+            StepWindow.of(steps))
 
 
 def default_pair(sessions: list[dict[str, Any]]) -> tuple[int, int]:
@@ -48,8 +51,8 @@ def page() -> None:
         a = st.selectbox("session A", sessions, index=a_idx, format_func=_label, key="cmp_a")
         b = st.selectbox("session B", sessions, index=b_idx, format_func=_label, key="cmp_b")
     try:
-        sess_a, steps_a, reqs_a = load(url, a["id"])
-        sess_b, steps_b, reqs_b = load(url, b["id"])
+        sess_a, steps_a, reqs_a, view_a = load(url, a["id"])
+        sess_b, steps_b, reqs_b, view_b = load(url, b["id"])
     except Exception as exc:  # noqa: BLE001 - shown on the page
         st.error(f"cannot load sessions: {exc}")
         return
@@ -60,12 +63,13 @@ def page() -> None:
         if s.get("steps", 0) > MAX_CHART_STEPS:
             st.caption(f"{side}: charts and imbalance show the first {MAX_CHART_STEPS} of "
                        f"{s['steps']} steps")
+    views = {"A": view_a, "B": view_b}
     for name in CHARTS:
         cols = st.columns(2)
-        for col, side, steps in ((cols[0], "A", steps_a), (cols[1], "B", steps_b)):
-            if not steps:
+        for col, side in zip(cols, views, strict=True):
+            if not len(views[side]):
                 col.info(f"{side}: no steps recorded")
                 continue
-            fig = FIGURES[name](steps)
+            fig = FIGURES[name](views[side])
             fig.update_layout(title=f"{side}: {fig.layout.title.text}")
             col.plotly_chart(fig, key=f"cmp_{name}_{side}")

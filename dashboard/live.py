@@ -1,26 +1,34 @@
-"""The live page: telemetry charts refreshed at ~2 Hz and a knob panel in the sidebar."""
+"""The live page: telemetry charts refreshed at ~2 Hz; knobs and expert rebalancing in the
+sidebar."""
 
 from typing import Any
 
 import streamlit as st
 
 from dashboard import charts
-from dashboard.client import get_knobs, patch_knobs, ws_url
+from dashboard.client import get_knobs, patch_knobs, rebalance_experts, ws_url
 from dashboard.stream import CONNECTED, TelemetryStream
+from dashboard.window import StepWindow, WindowView
 
 REFRESH_S = 0.5
-PANELS = (("batch", "usage"), ("kv", "queues"), ("experts", "imbalance"),
-          ("latency", "throughput"), ("step_time", "a2a"))
+MAX_WINDOW = 600
+ROWS = (("batch", "usage"), ("kv", "queues"), ("kv_blocks",), ("experts", "imbalance"),
+        ("a2a", "a2a_volume"), ("ranks",), ("latency", "throughput"), ("step_time",))
+
+
+def new_stream(url: str) -> TelemetryStream:
+    """A live stream as the page runs it: bundled telemetry into a StepWindow."""
+    return TelemetryStream(ws_url(url), maxlen=MAX_WINDOW,
+                           window=StepWindow(MAX_WINDOW)).start()
 
 
 def stream_for(url: str) -> TelemetryStream:
     """One stream per browser session, replaced when the URL changes."""
     stream: TelemetryStream | None = st.session_state.get("stream")
-    target = ws_url(url)
-    if stream is None or stream.ws_url != target:
+    if stream is None or stream.ws_url != ws_url(url):
         if stream is not None:
             stream.stop()
-        stream = TelemetryStream(target).start()
+        stream = new_stream(url)
         st.session_state["stream"] = stream
     return stream
 
@@ -69,18 +77,36 @@ def knob_panel(url: str) -> None:
         (st.success if msg[0] else st.error)(msg[1])
 
 
-def draw_charts(frames: list[dict[str, Any]]) -> None:
-    """Every panel, two a row."""
-    figures = charts.live_figures(frames)
-    for row in PANELS:
+def rebalance_panel(url: str) -> None:
+    """Re-place experts from recent loads (POST /api/experts/rebalance); shows the answer."""
+    st.header("Expert placement")
+    with st.form("rebalance"):
+        window = st.number_input("window (steps)", min_value=1, max_value=4096, value=64,
+                                 step=1, key="rebalance_window",
+                                 help="recent steps whose expert loads count")
+        replicas = st.number_input("replicas", min_value=0, value=0, step=1,
+                                   key="rebalance_replicas",
+                                   help="redundant copies of the hottest experts")
+        submitted = st.form_submit_button("Rebalance experts", key="rebalance")
+    if submitted:
+        st.session_state["rebalance_msg"] = rebalance_experts(url, int(window), int(replicas))
+    msg = st.session_state.get("rebalance_msg")
+    if msg is not None:
+        (st.success if msg[0] else st.error)(msg[1])
+
+
+def draw_charts(view: WindowView) -> None:
+    """Every panel, two a row (the wide ones alone)."""
+    figures = charts.live_figures(view)
+    for row in ROWS:
         for col, name in zip(st.columns(len(row)), row, strict=True):
             col.plotly_chart(figures[name], key=f"chart_{name}")
 
 
 @st.fragment(run_every=REFRESH_S)
 def live_view(stream: TelemetryStream, window: int) -> None:
-    frames = stream.frames()[-window:]
-    last = frames[-1] if frames else None
+    view = stream.view(window)
+    last = view.latest
     cols = st.columns(4)
     cols[0].metric("connection", stream.state)
     cols[1].metric("step", last["step"] if last else "–")
@@ -88,15 +114,16 @@ def live_view(stream: TelemetryStream, window: int) -> None:
     cols[3].metric("dropped steps", stream.dropped)
     if stream.state != CONNECTED and stream.error:
         st.caption(stream.error)
-    if not frames:
+    if not len(view):
         st.info("waiting for telemetry…")
         return
-    draw_charts(frames)
+    draw_charts(view)
 
 
 def page() -> None:
     url = st.session_state["url"]
     with st.sidebar:
-        window = st.slider("steps shown", 50, 600, 300, step=50)
+        window = st.slider("steps shown", 50, MAX_WINDOW, 300, step=50)
         knob_panel(url)
+        rebalance_panel(url)
     live_view(stream_for(url), window)

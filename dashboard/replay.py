@@ -8,9 +8,10 @@ from dashboard.client import ws_url
 from dashboard.live import REFRESH_S, draw_charts
 from dashboard.session_picker import recorded_sessions
 from dashboard.stream import TelemetryStream
+from dashboard.window import StepWindow
 
 SPEEDS = (0.5, 1.0, 2.0, 5.0, 20.0, 0.0)
-MAX_FRAMES = 20_000
+MAX_WINDOW = 2000
 
 
 def _label(s: dict[str, Any]) -> str:
@@ -22,7 +23,7 @@ def _open(url: str, session: str, speed: float) -> TelemetryStream:
     if old is not None:
         old.stop()
     stream = TelemetryStream(ws_url(url, f"/ws/replay/{session}?speed={speed}"),
-                             maxlen=MAX_FRAMES).start()
+                             maxlen=MAX_WINDOW, window=StepWindow(MAX_WINDOW)).start()
     st.session_state["replay_stream"] = stream
     return stream
 
@@ -40,16 +41,16 @@ def controls(stream: TelemetryStream) -> None:
 
 @st.fragment(run_every=REFRESH_S)
 def replay_view(stream: TelemetryStream, window: int) -> None:
-    frames = stream.frames()
-    state = (stream.replay or {}).get("state", "playing" if frames else stream.state)
+    view = stream.view(window)
+    state = (stream.replay or {}).get("state", "playing" if len(view) else stream.state)
     cols = st.columns(3)
     cols[0].metric("replay", state)
-    cols[1].metric("step", frames[-1]["step"] if frames else "–")
-    cols[2].metric("steps received", len(frames))
+    cols[1].metric("step", view.latest["step"] if view.latest else "–")
+    cols[2].metric("steps received", stream.received)
     if stream.error:
         st.error(stream.error)
-    if frames:
-        draw_charts(frames[-window:])
+    if len(view):
+        draw_charts(view)
 
 
 def page() -> None:
@@ -61,7 +62,7 @@ def page() -> None:
         chosen = st.selectbox("session", sessions, format_func=_label, key="replay_session")
         speed = st.selectbox("speed", SPEEDS, index=1, key="replay_speed",
                              format_func=lambda s: f"{s:g}x" if s else "as fast as possible")
-        window = st.slider("steps shown", 50, 2000, 600, step=50, key="replay_window")
+        window = st.slider("steps shown", 50, MAX_WINDOW, 600, step=50, key="replay_window")
         play = st.button("Play", type="primary", key="replay_play")
     stream: TelemetryStream | None = st.session_state.get("replay_stream")
     if play:

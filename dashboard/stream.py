@@ -9,6 +9,8 @@ from typing import Any
 from websockets.exceptions import WebSocketException
 from websockets.sync.client import connect
 
+from dashboard.window import StepWindow, WindowView
+
 CONNECTING, CONNECTED, RECONNECTING, GONE, STOPPED = (
     "connecting", "connected", "reconnecting", "server gone", "stopped")
 
@@ -22,12 +24,14 @@ class TelemetryStream:
     `dropped` field); `received` counts frames received. On a replay
     socket, `replay` holds the player's last state message and `send` steers it. It asks for
     no compression: the server would deflate every message once per client, the largest part
-    of what a dashboard costs it.
+    of what a dashboard costs it. With a `window`, each frame also goes into it as it
+    arrives, so the charts' statistics are ready when the page asks for a `view`.
     """
 
     def __init__(self, ws_url: str, maxlen: int = 600, gone_after_s: float = 5.0,
-                 max_backoff_s: float = 2.0) -> None:
+                 max_backoff_s: float = 2.0, window: StepWindow | None = None) -> None:
         self.ws_url = ws_url
+        self.window = window
         self.gone_after_s = gone_after_s
         self.max_backoff_s = max_backoff_s
         self.state = CONNECTING
@@ -59,6 +63,8 @@ class TelemetryStream:
         if clear:
             with self._lock:
                 self._frames.clear()
+                if self.window is not None:
+                    self.window.clear()
         try:
             ws.send(json.dumps(msg))
         except (OSError, WebSocketException):
@@ -69,6 +75,12 @@ class TelemetryStream:
         """A copy of the buffered frames, oldest first."""
         with self._lock:
             return list(self._frames)
+
+    def view(self, last: int | None = None) -> WindowView:
+        """The window's last `last` steps (the stream must have a window)."""
+        assert self.window is not None, "a stream without a window has no view"
+        with self._lock:
+            return self.window.view(last)
 
     def _run(self) -> None:
         lost_at = time.monotonic()
@@ -115,4 +127,7 @@ class TelemetryStream:
             self.dropped += frame.pop("dropped", 0)
         with self._lock:
             self._frames.extend(frames)
+            if self.window is not None:
+                for frame in frames:
+                    self.window.add(frame)
         self.received += len(frames)

@@ -15,8 +15,11 @@ from api.settings import ServerSettings  # noqa: E402
 
 @pytest.fixture(scope="session")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """Recording into a fresh SQLite database, so the replay page has sessions to play."""
+    """Recording into a fresh SQLite database, so the replay page has sessions to play; two
+    modeled expert-parallel ranks with skewed routing, so rank loads differ and can be
+    rebalanced."""
     db = tmp_path_factory.mktemp("db") / "moescope.db"
-    s = serve(ServerSettings(model_name=MODEL, db_url=f"sqlite:///{db}", record=True))
+    s = serve(ServerSettings(model_name=MODEL, db_url=f"sqlite:///{db}", record=True),
+              ep_size=2, router_skew=1.5)
     yield s
     stop(s)

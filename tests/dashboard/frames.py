@@ -4,7 +4,8 @@ from typing import Any
 
 
 def frame(step: int, changes: dict[str, list[Any]] | None = None) -> dict[str, Any]:
-    """Step `step` of a 4-slot batch: slot 0 prefills, slots 1-2 decode; 2 layers x 4 experts."""
+    """Step `step` of a 4-slot batch: slot 0 prefills, slots 1-2 decode; 2 layers x 4 experts;
+    2 expert-parallel ranks (modeled)."""
     return {
         "v": 1, "session": "s", "step": step, "t": 1000.0 + step * 0.01, "knobs_version": 1,
         "dur_ms": {"schedule": 0.1, "prepare": 0.2, "forward": 2.0, "moe": 1.0, "sample": 0.1,
@@ -23,7 +24,9 @@ def frame(step: int, changes: dict[str, list[Any]] | None = None) -> dict[str, A
         "experts": {"layers": 2, "experts": 4, "top_k": 2,
                     "counts": [[6, 2, 2, 2], [3, 3, 3, 3]], "dropped": [0, 0],
                     "balance": [0.5, 1.0]},
-        "a2a": {"ep_size": 2, "mode": "modeled", "bytes": [[0, 128], [256, 0]]},
+        "a2a": {"ep_size": 2, "mode": "modeled", "bytes": [[0, 128], [256, 0]],
+                "rank_tokens": [10, 6], "rank_moe_ms": [], "imbalance": 1.25,
+                "placement_version": 1},
         "latency": {"ttft_ms": [float(step)], "tpot_ms": [1.0]},
         "knob_changes": [{"version": 2, "t": 0.0, "origin": "dashboard", "changes": changes}]
         if changes else [],
@@ -32,3 +35,11 @@ def frame(step: int, changes: dict[str, list[Any]] | None = None) -> dict[str, A
 
 def frames(n: int = 30, change_at: int = 10) -> list[dict[str, Any]]:
     return [frame(i, {"max_num_seqs": [8, 4]} if i == change_at else None) for i in range(n)]
+
+
+def old_frame(step: int) -> dict[str, Any]:
+    """A frame as recorded before the per-rank all-to-all fields and the KV watermark."""
+    f = frame(step)
+    f["a2a"] = {k: f["a2a"][k] for k in ("ep_size", "mode", "bytes")}
+    del f["kv"]["watermark_blocks"]
+    return f

@@ -2,9 +2,11 @@
 
 from pathlib import Path
 
+import httpx
 from api_servers import Served, traffic, wait_for, wait_idle
 from streamlit.testing.v1 import AppTest
 
+from dashboard.charts import PANELS
 from dashboard.client import get_knobs
 
 APP = str(Path(__file__).parents[2] / "dashboard" / "app.py")
@@ -26,10 +28,29 @@ def test_live_page_draws_every_panel_from_the_stream(served: Served) -> None:
     at.run()
     assert not at.exception
     charts = at.get("plotly_chart")
-    assert len(charts) == 10
+    assert len(charts) == len(PANELS)
     assert at.metric[0].value == "connected"
     assert int(at.metric[1].value) >= stream.frames()[0]["step"]
     stream.stop()
+
+
+def test_rebalance_posts_to_the_server_and_shows_its_answer(served: Served) -> None:
+    traffic(served.loop, 4, 16)
+    wait_idle(served.loop)
+    before = httpx.get(served.url + "/api/experts").json()["version"]
+    at = _app(served)
+    at.number_input(key="rebalance_window").set_value(32)
+    at.number_input(key="rebalance_replicas").set_value(1)
+    at.button(key="rebalance").click().run()
+    assert not at.exception
+    assert httpx.get(served.url + "/api/experts").json()["version"] == before + 1
+    assert at.success[0].value.startswith(f"placement v{before + 1}: predicted imbalance")
+    assert "1 replicas" in at.success[0].value
+    at.number_input(key="rebalance_replicas").set_value(999)
+    at.button(key="rebalance").click().run()
+    assert "replicas (999) must be at most" in at.error[0].value
+    assert httpx.get(served.url + "/api/experts").json()["version"] == before + 1
+    at.session_state["stream"].stop()
 
 
 def test_apply_sends_the_patch_and_shows_a_refusal(served: Served) -> None:
@@ -69,7 +90,7 @@ def test_replay_page_plays_a_recorded_session_to_its_end(served: Served) -> None
     at.run()
     assert not at.exception
     assert at.metric[0].value == "ended"
-    assert len(at.get("plotly_chart")) == 10
+    assert len(at.get("plotly_chart")) == len(PANELS)
     steps = [f["step"] for f in stream.frames()]
     assert steps == sorted(steps) and len(steps) >= 8
     stream.stop()

@@ -9,14 +9,16 @@ from pathlib import Path
 
 import httpx
 import pytest
-from api_servers import Served, traffic, wait_for
+from api_servers import Served, traffic, wait_for, wait_idle
 from playwright.sync_api import Page, expect, sync_playwright
 
 from dashboard.__main__ import command
+from dashboard.charts import PANELS
 from dashboard.client import get_knobs
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+VIEWPORT = {"width": 1600, "height": 3600}  # tall enough that a screenshot shows every panel
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="no /usr/bin/chromium")]
@@ -50,21 +52,51 @@ def dashboard_url(served: Served, tmp_path: Path) -> Iterator[str]:
         log.close()
 
 
+class Load:
+    """Requests keep arriving until `stop`, which then waits for the engine to go idle."""
+
+    def __init__(self, served: Served) -> None:
+        self.served = served
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            traffic(self.served.loop, 4, 64)
+            self._stop.wait(0.5)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        wait_idle(self.served.loop)
+
+
 @pytest.fixture
-def load(served: Served) -> Iterator[None]:
-    """Requests keep arriving while the test runs."""
-    stop = threading.Event()
+def load(served: Served) -> Iterator[Load]:
+    running = Load(served)
+    yield running
+    running.stop()
 
-    def run() -> None:
-        while not stop.is_set():
-            traffic(served.loop, 4, 64)
-            stop.wait(0.5)
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    yield
-    stop.set()
-    thread.join()
+DRAWN = """n => {
+    const charts = [...document.querySelectorAll('[data-testid="stPlotlyChart"]')]
+        .filter(e => e.getBoundingClientRect().height > 0);
+    return charts.length >= n && charts.every(
+        e => e.querySelector('.main-svg') && getComputedStyle(e).opacity === '1');
+}"""
+
+
+def _screenshot(page: Page, path: Path) -> None:
+    """A screenshot, taken once every chart is drawn and none is faded as stale. Streamlit
+    remounts each chart whose figure changed on every refresh, and a slow headless browser may
+    still be drawing some when the next refresh comes: up to a few tries for one where all
+    were drawn before and after the shot."""
+    for _ in range(5):
+        page.wait_for_function(DRAWN, arg=len(PANELS), timeout=10_000)
+        page.screenshot(path=path, full_page=True)
+        if page.evaluate(DRAWN, len(PANELS)):
+            return
 
 
 def _step(page: Page) -> int:
@@ -73,20 +105,23 @@ def _step(page: Page) -> int:
     return int(text) if text.isdigit() else -1
 
 
-def test_live_page_in_a_browser(served: Served, dashboard_url: str, load: None,
+def test_live_page_in_a_browser(served: Served, dashboard_url: str, load: Load,
                                 tmp_path: Path) -> None:
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 1600, "height": 1200})
+        page = browser.new_page(viewport=VIEWPORT)
         page.goto(dashboard_url)
-        expect(page.locator(".js-plotly-plot")).to_have_count(10, timeout=30_000)
+        expect(page.locator(".js-plotly-plot")).to_have_count(len(PANELS), timeout=30_000)
         expect(page.get_by_text("connected", exact=True)).to_be_visible()
+        for title in ("KV blocks per running request", "All-to-all volume per step (modeled)",
+                      "Expert-parallel rank load (placement v"):
+            expect(page.get_by_text(title).first).to_be_visible()
         first = _step(page)
         deadline = time.monotonic() + 15
         while _step(page) <= first and time.monotonic() < deadline:
             page.wait_for_timeout(250)
         assert _step(page) > first
-        page.screenshot(path=tmp_path / "live.png", full_page=True)
+        _screenshot(page, tmp_path / "live.png")
 
         old = get_knobs(served.url)["knobs"]["max_num_seqs"]
         new = 5 if old != 5 else 7
@@ -101,7 +136,22 @@ def test_live_page_in_a_browser(served: Served, dashboard_url: str, load: None,
         expect(page.get_by_text(f"must be at least max_num_seqs ({new})")).to_be_visible(
             timeout=10_000)
         assert get_knobs(served.url)["knobs"]["max_num_batched_tokens"] != 3
-        page.screenshot(path=tmp_path / "knobs.png", full_page=True)
+        _screenshot(page, tmp_path / "knobs.png")
+
+        load.stop()  # a few steps either side of the rebalance, then a page that holds still
+        traffic(served.loop, 4, 24)
+        wait_idle(served.loop)
+        version = httpx.get(served.url + "/api/experts").json()["version"]
+        page.get_by_role("button", name="Rebalance experts").click()
+        expect(page.get_by_text(f"placement v{version + 1}: predicted imbalance")).to_be_visible(
+            timeout=10_000)
+        assert httpx.get(served.url + "/api/experts").json()["version"] == version + 1
+        traffic(served.loop, 4, 24)
+        wait_idle(served.loop)
+        expect(page.get_by_text(f"expert_placement {version}→{version + 1}").first).to_be_visible(
+            timeout=10_000)
+        expect(page.get_by_text(f"(placement v{version + 1})")).to_be_visible(timeout=10_000)
+        _screenshot(page, tmp_path / "rebalance.png")
         print(f"screenshots in {tmp_path}")
         browser.close()
 
@@ -110,12 +160,12 @@ def test_replay_page_in_a_browser(served: Served, dashboard_url: str, tmp_path: 
     traffic(served.loop, 2, 8)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 1600, "height": 1200})
+        page = browser.new_page(viewport=VIEWPORT)
         page.goto(dashboard_url + "/replay")
         page.locator('[data-testid="stSelectbox"]').filter(has_text="speed").click()
         page.get_by_role("option", name="as fast as possible").click()
         page.get_by_role("button", name="Play").click()
         expect(page.get_by_text("ended", exact=True)).to_be_visible(timeout=30_000)
-        expect(page.locator(".js-plotly-plot")).to_have_count(10, timeout=10_000)
-        page.screenshot(path=tmp_path / "replay.png", full_page=True)
+        expect(page.locator(".js-plotly-plot")).to_have_count(len(PANELS), timeout=10_000)
+        _screenshot(page, tmp_path / "replay.png")
         browser.close()

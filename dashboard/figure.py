@@ -1,0 +1,84 @@
+"""Plotly figures built in one constructor call from traces and a layout dict.
+
+`go.Figure(data, layout)` validates once; `add_trace`, `update_*`, `make_subplots` and
+`add_vline` each walk the figure again and cost milliseconds apiece, which over a dozen
+panels twice a second is most of a refresh. Arrays stay numpy (Plotly sends them as binary).
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+
+HEIGHT = 300
+MARKER = "#d62728"
+Layout = dict[str, Any]
+Markers = Sequence[tuple[int, str]]
+Span = tuple[float, float] | None  # the x range of a time series (None: let Plotly choose)
+
+
+def _axis(title: str, **extra: Any) -> dict[str, Any]:
+    return {"title": {"text": title}, **extra}
+
+
+def markers(marks: Markers, axis: str = "") -> tuple[list[Layout], list[Layout]]:
+    """Dashed vertical lines, each labelled, at the steps of knob changes (on x/y`axis`)."""
+    xref, yref = f"x{axis}", f"y{axis} domain"
+    shapes = [{"type": "line", "xref": xref, "yref": yref, "x0": x, "x1": x, "y0": 0, "y1": 1,
+               "line": {"dash": "dash", "color": MARKER, "width": 1}} for x, _ in marks]
+    notes = [{"xref": xref, "yref": yref, "x": x, "y": 1, "text": text, "showarrow": False,
+              "xanchor": "right", "yanchor": "top", "font": {"size": 10, "color": MARKER},
+              "bgcolor": "rgba(255, 255, 255, 0.8)"} for x, text in marks]
+    return shapes, notes
+
+
+def _merged(base: Layout, extra: Layout) -> Layout:
+    """`base` with `extra`'s keys; dict values (axes) are merged one level down."""
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = {**out[key], **value} if isinstance(out.get(key), dict) else value
+    return out
+
+
+def _range(span: Span) -> dict[str, Any]:
+    """A fixed x range, so that marker labels do not widen the axis (autorange fits them)."""
+    return {} if span is None else {"range": list(span)}
+
+
+def figure(traces: Sequence[Any], title: str, y_title: str = "", x_title: str = "step",
+           marks: Markers = (), span: Span = None, **layout: Any) -> go.Figure:
+    """One panel: `traces` over a shared x axis (over `span`), knob-change `marks`, extra
+    `layout` keys."""
+    shapes, notes = markers(marks)
+    base: Layout = {
+        "title": {"text": title}, "height": HEIGHT,
+        "margin": {"l": 50, "r": 20, "t": 40, "b": 40},
+        "legend": {"orientation": "h", "y": -0.25},
+        "xaxis": _axis(x_title, **_range(span)), "yaxis": _axis(y_title),
+        "shapes": shapes, "annotations": notes,
+    }
+    return go.Figure(data=list(traces), layout=_merged(base, layout))
+
+
+def secondary_y(title: str, **extra: Any) -> Layout:
+    """The layout of a right-hand y axis (`yaxis2`) over the main plot; traces set yaxis="y2"."""
+    return _axis(title, overlaying="y", side="right", **extra)
+
+
+def side_by_side(left: Sequence[Any], right: Sequence[Any], title: str,
+                 titles: tuple[str, str], x_titles: tuple[str, str],
+                 y_titles: tuple[str, str], marks: Markers = (), span: Span = None,
+                 **layout: Any) -> go.Figure:
+    """Two plots in one panel (left: x/y, right: x2/y2, where `marks`, `span` and the
+    legend go)."""
+    for trace in right:
+        trace.update(xaxis="x2", yaxis="y2")
+    shapes, notes = markers(marks, "2")
+    subtitles = [{"xref": "paper", "yref": "paper", "x": x, "y": 1.0, "text": text,
+                  "showarrow": False, "xanchor": "center", "yanchor": "bottom"}
+                 for x, text in zip((0.2, 0.775), titles, strict=True)]
+    return figure([*left, *right], title, **_merged({
+        "xaxis": _axis(x_titles[0], domain=[0, 0.4]), "yaxis": _axis(y_titles[0]),
+        "xaxis2": _axis(x_titles[1], domain=[0.55, 1], anchor="y2", **_range(span)),
+        "yaxis2": _axis(y_titles[1], anchor="x2"), "legend": {"x": 0.55},
+        "shapes": shapes, "annotations": subtitles + notes}, layout))

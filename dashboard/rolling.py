@@ -1,0 +1,79 @@
+"""Rolling statistics updated one step at a time (each update costs O(window), not O(steps))."""
+
+import bisect
+import math
+from collections import deque
+
+import numpy as np
+
+
+def percentile(ranked: list[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default) of sorted, non-empty `ranked`."""
+    pos = (len(ranked) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(ranked) - 1)
+    return ranked[lo] + (ranked[hi] - ranked[lo]) * (pos - lo)
+
+
+class RollingPercentiles:
+    """p50 and p99 of the last `window` values, kept sorted as values come and go."""
+
+    def __init__(self, window: int) -> None:
+        self.values: deque[float] = deque()
+        self.window = window
+        self.ranked: list[float] = []
+
+    def add(self, values: list[float]) -> tuple[float, float]:
+        """Take this step's values; the percentiles after it (NaN before any value)."""
+        for v in values:
+            self.values.append(v)
+            bisect.insort(self.ranked, v)
+            if len(self.values) > self.window:
+                del self.ranked[bisect.bisect_left(self.ranked, self.values.popleft())]
+        if not self.ranked:
+            return math.nan, math.nan
+        return percentile(self.ranked, 50), percentile(self.ranked, 99)
+
+
+class RollingRate:
+    """Per-second rates of some counts over the last `window` steps (by their end times)."""
+
+    def __init__(self, window: int, width: int) -> None:
+        self.entries: deque[tuple[float, np.ndarray]] = deque()
+        self.window = window
+        self.total = np.zeros(width)
+
+    def add(self, t: float, counts: np.ndarray) -> np.ndarray:
+        """This step's time and counts; the counts of the steps after the window's first,
+        divided by the time since it (NaN while that span is 0)."""
+        self.entries.append((t, counts))
+        self.total = self.total + counts
+        if len(self.entries) > self.window + 1:
+            self.total = self.total - self.entries.popleft()[1]
+        t0, first = self.entries[0]
+        span = t - t0
+        if span <= 0:
+            return np.full(len(counts), math.nan)
+        return (self.total - first) / span
+
+
+class RollingSum:
+    """The element-wise sum of the last `window` arrays (restarted when their shape changes)."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self.arrays: deque[np.ndarray] = deque()
+        self.total: np.ndarray | None = None
+
+    def add(self, array: np.ndarray) -> None:
+        if self.total is None or self.total.shape != array.shape:
+            self.arrays.clear()
+            self.total = np.zeros_like(array)
+        self.arrays.append(array)
+        self.total = self.total + array
+        if len(self.arrays) > self.window:
+            self.total = self.total - self.arrays.popleft()
+
+    @property
+    def count(self) -> int:
+        return len(self.arrays)
