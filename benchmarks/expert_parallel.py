@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from results_md import write_section
+from results_md import publish
 
 from engine import LLMEngine, SamplingParams
 
@@ -148,11 +148,7 @@ def main(argv: list[str] | None = None) -> str:
     runs, notes = run_all(model, args.skew, n, max_tokens)
     command = "python benchmarks/expert_parallel.py" + (" --quick" if args.quick else "")
     section = render(runs, notes, command, model, args.skew, n, max_tokens)
-    print(section)
-    path = args.results or (None if args.quick else RESULTS_PATH)
-    if path is not None:
-        write_section(path, section, BEGIN, END)
-    return section
+    return publish(section, args.results, args.quick, RESULTS_PATH, BEGIN, END)
 
 
 if __name__ == "__main__":

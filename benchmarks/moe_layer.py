@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from results_md import write_section  # noqa: E402
+from results_md import publish  # noqa: E402
 
 from engine.config import ModelConfig  # noqa: E402
 from engine.model.context import ForwardContext  # noqa: E402
@@ -198,11 +198,7 @@ def main(argv: list[str] | None = None) -> str:
     names, results = measure(shape, budget_s=0.05 if args.quick else 20.0)
     command = "python benchmarks/moe_layer.py" + (" --quick" if args.quick else "")
     section = render(shape, names, results, args.threads, command, time.perf_counter() - t0)
-    print(section)
-    path = args.results or (None if args.quick else RESULTS_PATH)
-    if path is not None:
-        write_section(path, section, BEGIN, END)
-    return section
+    return publish(section, args.results, args.quick, RESULTS_PATH, BEGIN, END)
 
 
 if __name__ == "__main__":

@@ -12,3 +12,13 @@ def write_section(path: Path, section: str, begin: str, end: str) -> None:
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     path.write_text(text)
+
+
+def publish(section: str, results: Path | None, quick: bool, default: Path,
+            begin: str, end: str) -> str:
+    """Print the section and write it to `results`, else to `default` unless a --quick run."""
+    print(section)
+    path = results or (None if quick else default)
+    if path is not None:
+        write_section(path, section, begin, end)
+    return section
