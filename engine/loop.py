@@ -200,7 +200,7 @@ class EngineLoop:
         return {
             "loop": {
                 "alive": self.alive,
-                "error": self.error,
+                "error": self.error or self.engine.failure,
                 "steps": self.steps,
                 "busy_s": round(self.busy_s, 6),
                 "busy_cpu_s": round(self.busy_cpu_s, 6),
