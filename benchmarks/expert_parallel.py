@@ -37,12 +37,12 @@ BEGIN, END = "<!-- expert_parallel:begin -->", "<!-- expert_parallel:end -->"
 
 READING = (
     "Reading: rebalancing evens the pairs per rank (imbalance about 1.96 -> 1.04) and cuts "
-    "the slowest rank's grouped-GEMM time, the straggler every layer waits for. On these 2 "
-    "shared cores the step time does not follow: both ranks compute attention for the whole "
-    "batch, and the per-layer gloo exchanges (counts, dispatch, combine, all-gather) cost "
-    "more than the GEMMs at this size, so 2 ranks are about 2x slower than 1 process and the "
-    "step-time differences between the 2-rank runs are within this machine's noise "
-    "(repeated runs swing by 10-15%)."
+    "the slowest rank's grouped-GEMM time, the straggler every layer waits for, by a third or "
+    "more. On these 2 shared cores 2 ranks are slower than one process (1.6-2.2x over several "
+    "runs): both ranks compute attention for the whole batch, and each layer pays four gloo "
+    "exchanges (counts, dispatch, combine, all-gather) that cost more than the GEMMs at this "
+    "size. The step-time gain from rebalancing is about the size of this machine's "
+    "run-to-run swing (10-15%)."
 )
 
 
