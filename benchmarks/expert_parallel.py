@@ -38,7 +38,7 @@ BEGIN, END = "<!-- expert_parallel:begin -->", "<!-- expert_parallel:end -->"
 READING = (
     "Reading: rebalancing evens the pairs per rank (imbalance about 1.96 -> 1.04) and cuts "
     "the slowest rank's grouped-GEMM time, the straggler every layer waits for, by a third or "
-    "more. On these 2 shared cores 2 ranks are slower than one process (1.6-2.2x over several "
+    "more. On these 2 shared cores 2 ranks are slower than one process (1.4-2.2x over several "
     "runs): both ranks compute attention for the whole batch, and each layer pays four gloo "
     "exchanges (counts, dispatch, combine, all-gather) that cost more than the GEMMs at this "
     "size. The step-time gain from rebalancing is about the size of this machine's "
