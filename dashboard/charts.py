@@ -1,4 +1,5 @@
-"""Plotly figures from a WindowView (dashboard/window.py) of telemetry frames; pure functions."""
+"""Plotly figures from a WindowView (dashboard/window.py) of telemetry frames, and from the
+expert placement (GET /api/experts); pure functions."""
 
 import math
 from typing import Any
@@ -118,6 +119,28 @@ def a2a_heatmap(v: WindowView) -> go.Figure:
                       hovertemplate="src %{y} → dst %{x}: %{z} B<extra></extra>")
     return figure([heat], f"All-to-all bytes ({a2a['mode']}, ep_size {a2a['ep_size']})",
                   "source rank", "destination rank", xaxis={"dtick": 1}, yaxis={"dtick": 1})
+
+
+def placement_map(info: dict[str, Any]) -> go.Figure:
+    """Layer x expert -> hosting rank, from GET /api/experts; replicated experts are marked."""
+    hosts: list[list[list[int]]] = []
+    for layer in info["placement"]:
+        per_expert: dict[int, list[int]] = {}
+        for rank, experts in enumerate(layer):
+            for expert in experts:
+                per_expert.setdefault(expert, []).append(rank)
+        hosts.append([sorted(set(per_expert.get(e, []))) for e in range(len(per_expert))])
+    z = [[ranks[0] if ranks else None for ranks in layer] for layer in hosts]
+    text = [["+".join(map(str, ranks)) if len(ranks) > 1 else "" for ranks in layer]
+            for layer in hosts]
+    heat = go.Heatmap(z=z, text=text, texttemplate="%{text}", colorscale="Viridis",
+                      zmin=0, zmax=max(info["ep_size"] - 1, 1),
+                      colorbar={"title": {"text": "rank"}, "dtick": 1, "thickness": 10},
+                      hovertemplate="layer %{y}, expert %{x}: rank %{z} %{text}<extra></extra>")
+    title = f"Placement v{info['version']} ({info['mode']})"
+    return figure([heat], title, "layer", "expert", height=90 + 25 * max(len(hosts), 4),
+                  xaxis={"dtick": 1}, yaxis={"dtick": 1},
+                  margin={"l": 40, "r": 10, "t": 40, "b": 40})
 
 
 def a2a_volume(v: WindowView) -> go.Figure:

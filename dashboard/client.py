@@ -51,6 +51,13 @@ def _error(resp: httpx.Response) -> str:
     return (error.get("message") if isinstance(error, dict) else None) or str(body)
 
 
+def get_experts(url: str) -> dict[str, Any]:
+    """GET /api/experts: {ep_size, mode, version, placement[layer][rank] -> experts}."""
+    resp = httpx.get(url.rstrip("/") + "/api/experts", headers=_headers(), timeout=TIMEOUT_S)
+    resp.raise_for_status()
+    return resp.json()
+
+
 def rebalance_experts(url: str, window: int, replicas: int) -> tuple[bool, str]:
     """POST /api/experts/rebalance; (True, what changed) or (False, the server's message)."""
     try:

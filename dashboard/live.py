@@ -6,7 +6,7 @@ from typing import Any
 import streamlit as st
 
 from dashboard import charts
-from dashboard.client import get_knobs, patch_knobs, rebalance_experts, ws_url
+from dashboard.client import get_experts, get_knobs, patch_knobs, rebalance_experts, ws_url
 from dashboard.stream import CONNECTED, TelemetryStream
 from dashboard.window import StepWindow, WindowView
 
@@ -93,6 +93,15 @@ def rebalance_panel(url: str) -> None:
     msg = st.session_state.get("rebalance_msg")
     if msg is not None:
         (st.success if msg[0] else st.error)(msg[1])
+    try:
+        info = get_experts(url)
+    except Exception as exc:  # noqa: BLE001 - any failure is shown, the page keeps running
+        st.caption(f"cannot read the placement: {exc}")
+        return
+    if info["ep_size"] == 1:
+        st.caption("one rank: nothing to place (serve with --ep N or --ep-size N)")
+        return
+    st.plotly_chart(charts.placement_map(info), key="placement")
 
 
 def draw_charts(view: WindowView) -> None:

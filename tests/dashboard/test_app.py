@@ -1,5 +1,6 @@
 """Streamlit AppTest of the live and replay pages against a real running server."""
 
+import json
 from pathlib import Path
 
 import httpx
@@ -28,7 +29,7 @@ def test_live_page_draws_every_panel_from_the_stream(served: Served) -> None:
     at.run()
     assert not at.exception
     charts = at.get("plotly_chart")
-    assert len(charts) == len(PANELS)
+    assert len(charts) == len(PANELS) + 1  # the panels and the sidebar's placement map
     assert at.metric[0].value == "connected"
     assert int(at.metric[1].value) >= stream.frames()[0]["step"]
     stream.stop()
@@ -46,6 +47,11 @@ def test_rebalance_posts_to_the_server_and_shows_its_answer(served: Served) -> N
     assert httpx.get(served.url + "/api/experts").json()["version"] == before + 1
     assert at.success[0].value.startswith(f"placement v{before + 1}: predicted imbalance")
     assert "1 replicas" in at.success[0].value
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    (placement,) = [s for s in specs if s["layout"]["title"]["text"].startswith("Placement")]
+    assert placement["layout"]["title"]["text"].startswith(f"Placement v{before + 1} ")
+    z = placement["data"][0]["z"]
+    assert len(z) == 2 and {rank for row in z for rank in row} == {0, 1}
     at.number_input(key="rebalance_replicas").set_value(999)
     at.button(key="rebalance").click().run()
     assert "replicas (999) must be at most" in at.error[0].value

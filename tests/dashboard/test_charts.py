@@ -123,6 +123,15 @@ def test_rank_load_bars_and_imbalance_over_time() -> None:
     assert len(old.data[0].y) == 0 and all(np.isnan(old.data[1].y))
 
 
+def test_placement_map_shows_each_experts_rank_and_replicas() -> None:
+    info = {"ep_size": 2, "mode": "measured", "version": 3,
+            "placement": [[[0, 1, 2], [2, 3]], [[3, 1], [0, 2]]]}
+    (heat,) = charts.placement_map(info).data
+    assert [list(row) for row in heat.z] == [[0, 0, 0, 1], [1, 0, 1, 0]]
+    assert [list(row) for row in heat.text] == [["", "", "0+1", ""], ["", "", "", ""]]
+    assert charts.placement_map(info).layout.title.text == "Placement v3 (measured)"
+
+
 def test_latency_throughput_step_time_queues() -> None:
     view = StepWindow.of(frames(101))
     lat = charts.latency(view)
