@@ -20,7 +20,6 @@ import json
 import os
 import platform
 import shlex
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,22 +36,17 @@ from results_md import write_section
 from websockets.sync.client import connect
 
 from api.load import Arrival, parse_dist, poisson_arrivals, run_load
+from engine.ep_ranks import free_port
 
 RESULTS_PATH = Path(__file__).resolve().parent / "RESULTS.md"
 BEGIN = "<!-- serving:begin -->"
 END = "<!-- serving:end -->"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def server(model: str, threads: int, metrics: bool, extra: list[str]) -> Iterator[str]:
     """`moescope serve` in a subprocess on a free port; yields its URL."""
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "api.cli", "serve", "--model", model, "--port", str(port),
            "--threads", str(threads), "--no-record", *extra,
            *([] if metrics else ["--no-metrics"])]

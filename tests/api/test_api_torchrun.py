@@ -1,7 +1,6 @@
 """`torchrun --nproc-per-node 2 -m api.cli serve`: every rank from torchrun, rank 0 serves."""
 
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -10,20 +9,16 @@ import httpx
 import pytest
 from api_servers import wait_for
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from engine.ep_ranks import free_port
 
 
 @pytest.mark.slow
 def test_torchrun_ranks_serve_with_measured_all_to_all(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     torchrun = Path(sys.executable).with_name("torchrun")
     log = (tmp_path / "torchrun.log").open("w")
     proc = subprocess.Popen(
-        [str(torchrun), "--nproc-per-node", "2", "--master-port", str(_free_port()),
+        [str(torchrun), "--nproc-per-node", "2", "--master-port", str(free_port()),
          "-m", "api.cli", "serve", "--model", "synthetic:tiny", "--port", str(port),
          "--threads", "1", "--no-record", "--no-metrics", "--kv-blocks", "128"],
         stdout=log, stderr=subprocess.STDOUT)

@@ -1,6 +1,5 @@
 """End to end: a real server, `python -m dashboard` (streamlit run) and headless Chromium."""
 
-import socket
 import subprocess
 import threading
 import time
@@ -15,6 +14,7 @@ from playwright.sync_api import Page, expect, sync_playwright
 from dashboard.__main__ import command
 from dashboard.charts import PANELS
 from dashboard.client import get_knobs
+from engine.ep_ranks import free_port
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
@@ -22,12 +22,6 @@ VIEWPORT = {"width": 1600, "height": 3600}  # tall enough that a screenshot show
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="no /usr/bin/chromium")]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _up(url: str) -> bool:
@@ -39,7 +33,7 @@ def _up(url: str) -> bool:
 
 @pytest.fixture
 def dashboard_url(served: Served, tmp_path: Path) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     log = (tmp_path / "streamlit.log").open("w")
     proc = subprocess.Popen(command(served.url, port), stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

@@ -1,7 +1,6 @@
 """TelemetryStream: ring buffer, drop count, connection states and reconnecting by itself."""
 
 import json
-import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -10,12 +9,7 @@ from api_servers import wait_for
 from websockets.sync.server import Server, ServerConnection, serve
 
 from dashboard.stream import CONNECTED, GONE, RECONNECTING, TelemetryStream
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from engine.ep_ranks import free_port
 
 
 @contextmanager
@@ -43,7 +37,7 @@ def _server(port: int, first_step: int) -> Iterator[Server]:
 
 
 def test_buffer_drops_and_reconnect_after_a_server_restart() -> None:
-    port = _free_port()
+    port = free_port()
     stream = TelemetryStream(f"ws://127.0.0.1:{port}/ws/telemetry", maxlen=8,
                              gone_after_s=0.5, max_backoff_s=0.2)
     try:

@@ -3,7 +3,6 @@
 import contextlib
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -16,14 +15,9 @@ from api_servers import MODEL, serve, stop
 from storage_helpers import run_requests, wait_for
 
 from api.settings import ServerSettings
+from engine.ep_ranks import free_port
 from storage import Store
 from storage import queries as q
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _stored_steps(path: Path) -> int:
@@ -49,7 +43,7 @@ def test_clean_stop_writes_everything_and_ends_the_session(tmp_path: Path) -> No
 
 
 def test_killed_writer_leaves_a_readable_database(tmp_path: Path) -> None:
-    path, port = tmp_path / "killed.db", _free_port()
+    path, port = tmp_path / "killed.db", free_port()
     url = f"sqlite:///{path}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "api.cli", "serve", "--model", "synthetic:tiny", "--port",
