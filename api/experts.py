@@ -24,7 +24,7 @@ async def placement(request: Request) -> dict[str, Any]:
     """Which experts each rank hosts, per layer, and how the all-to-all is known."""
     loop: EngineLoop = request.app.state.loop
     p = loop.engine.placement
-    return {"ep_size": p.ep_size, "mode": "measured" if loop.engine.ranks else "modeled",
+    return {"ep_size": p.ep_size, "mode": loop.engine.a2a_mode,
             "version": p.version, "placement": p.slots()}
 
 

@@ -6,6 +6,8 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
+from engine.parallel import max_replicas
+
 Family = Literal["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]
 QKNorm = Literal["none", "head", "full"]
 
@@ -130,10 +132,10 @@ class Knobs(BaseModel):
             raise ValueError("eplb_interval_steps needs expert parallel (ep_size > 1); "
                              "this engine runs ep_size 1")
         if experts is not None and ep_size is not None and \
-                self.eplb_replicas > experts * (ep_size - 1):
+                self.eplb_replicas > max_replicas(experts, ep_size):
             raise ValueError(f"eplb_replicas ({self.eplb_replicas}) must be at most "
-                             f"{experts * (ep_size - 1)} ({experts} experts x {ep_size - 1} "
-                             "other ranks)")
+                             f"{max_replicas(experts, ep_size)} ({experts} experts x "
+                             f"{ep_size - 1} other ranks)")
 
 
 @dataclass(frozen=True)

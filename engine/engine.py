@@ -5,7 +5,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -14,7 +14,7 @@ from engine.ep_ranks import Ranks, model_runner
 from engine.eplb import predicted_imbalance, rebalance
 from engine.kv_cache import BlockManager
 from engine.outputs import RequestOutput, tpot
-from engine.parallel import Placement, a2a_bytes, imbalance
+from engine.parallel import Placement, a2a_bytes, imbalance, max_replicas
 from engine.request import Request, Status
 from engine.runner import ForwardResult
 from engine.sampling import Sampler
@@ -87,6 +87,11 @@ class LLMEngine:
     @property
     def placement(self) -> Placement:
         return self.runner.placement
+
+    @property
+    def a2a_mode(self) -> Literal["measured", "modeled"]:
+        """`measured` when real ranks exchange tokens, else `modeled` from the placement."""
+        return "measured" if self.ranks else "modeled"
 
     @property
     def failure(self) -> str | None:
@@ -242,9 +247,9 @@ class LLMEngine:
         if old.ep_size == 1:
             raise ValueError("nothing to rebalance: ep_size is 1 (start with --ep N or "
                              "--ep-size N)")
-        if replicas > self.model_config.num_experts * (old.ep_size - 1):
-            raise ValueError(f"replicas ({replicas}) must be at most "
-                             f"{self.model_config.num_experts * (old.ep_size - 1)}")
+        most = max_replicas(self.model_config.num_experts, old.ep_size)
+        if replicas > most:
+            raise ValueError(f"replicas ({replicas}) must be at most {most}")
         recent = list(self._loads)[-window:]
         if not recent:
             raise ValueError("no expert load recorded yet: rebalance after some steps ran")
@@ -433,7 +438,6 @@ class LLMEngine:
 
     def _a2a_info(self, result: ForwardResult | None) -> A2AInfo:
         ep = self.placement.ep_size
-        mode = "measured" if self.ranks else "modeled"
         moe_ms: list[float] = []
         if result is None:
             volume = [[0] * ep for _ in range(ep)]
@@ -446,6 +450,6 @@ class LLMEngine:
             elem = self.model.embed_tokens.weight.element_size()
             volume = a2a_bytes(result.rank_pairs, self.model_config.hidden_size * elem)
             per_layer = result.rank_pairs.sum(1)
-        return A2AInfo(ep_size=ep, mode=mode, bytes=volume, rank_tokens=per_layer.sum(0).tolist(),
-                       rank_moe_ms=moe_ms, imbalance=imbalance(per_layer),
-                       placement_version=self.placement.version)
+        return A2AInfo(ep_size=ep, mode=self.a2a_mode, bytes=volume,
+                       rank_tokens=per_layer.sum(0).tolist(), rank_moe_ms=moe_ms,
+                       imbalance=imbalance(per_layer), placement_version=self.placement.version)

@@ -226,7 +226,7 @@ class EngineLoop:
                 "prefix_hits": blocks.prefix_hits,
             },
             "parallel": {"ep_size": eng.placement.ep_size,
-                         "mode": "measured" if eng.ranks else "modeled",
+                         "mode": eng.a2a_mode,
                          "placement_version": eng.placement.version, "failure": eng.failure},
             "knobs": self.knobs.model_dump(),
             "knobs_version": eng.knobs_version,

@@ -88,6 +88,11 @@ class Placement:
         return [[list(s) for s in lp.slots] for lp in self.layers]
 
 
+def max_replicas(num_experts: int, ep_size: int) -> int:
+    """Most redundant replicas a layer can hold: every expert on every rank."""
+    return num_experts * (ep_size - 1)
+
+
 def a2a_bytes(pairs: torch.Tensor, bytes_per_pair: int) -> list[list[int]]:
     """Pair counts [layers, src, dst] -> bytes sent [from][to] (dispatch plus combine).
 

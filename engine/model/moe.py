@@ -96,11 +96,11 @@ class MoEBlock(nn.Module):
         """Route this rank's share of rows, run them on their experts' ranks, gather all rows."""
         assert ctx.ep is not None and ctx.rank_stats is not None and ctx.placement is not None
         placement, rows = ctx.placement, x.shape[0]
-        start, end = placement.row_range(ctx.ep.rank, rows)
+        ranges = [placement.row_range(r, rows) for r in range(ctx.ep.size)]
+        start, end = ranges[ctx.ep.rank]
         weights, experts = self._route(x[start:end])
         cap = expert_capacity(ctx.expert_capacity_factor, rows * self.top_k, self.num_experts)
         own = ep_experts(x[start:end], weights, experts, self, placement.layers[self.index],
                          start, cap, ctx.ep, ctx.rank_stats)
         ctx.expert_counts.append(count(experts.flatten(), self.num_experts))
-        sizes = [b - a for a, b in (placement.row_range(r, rows) for r in range(ctx.ep.size))]
-        return ctx.ep.all_gather_rows(own, sizes)
+        return ctx.ep.all_gather_rows(own, [b - a for a, b in ranges])
