@@ -77,12 +77,17 @@ def _serve(config: EngineConfig, group: EPGroup) -> None:
         group.close()
 
 
+def _local_group(config: EngineConfig, rank: int, port: int) -> EPGroup:
+    """Join the group of ranks on this machine, which rank 0 hosts on 127.0.0.1:port."""
+    p = config.parallel
+    return EPGroup(rank, p.ep_size, f"tcp://127.0.0.1:{port}", p.timeout_s,
+                   rank_device(config.device, rank))
+
+
 def rank_main(rank: int, config: EngineConfig, port: int, threads: int) -> None:
     """A spawned rank (see engine/ep_worker.py): join rank 0's group and follow it."""
     torch.set_num_threads(threads)
-    p = config.parallel
-    _serve(config, EPGroup(rank, p.ep_size, f"tcp://127.0.0.1:{port}", p.timeout_s,
-                           rank_device(config.device, rank)))
+    _serve(config, _local_group(config, rank, port))
 
 
 class Ranks:
@@ -104,9 +109,9 @@ class Ranks:
         self._watcher.start()
 
     def _spawn(self, config: EngineConfig) -> EPGroup:
-        size, port = config.parallel.ep_size, free_port()
+        port = free_port()
         payload = pickle.dumps((config, port, torch.get_num_threads()))
-        for rank in range(1, size):
+        for rank in range(1, config.parallel.ep_size):
             proc = subprocess.Popen([sys.executable, "-m", "engine.ep_worker", str(rank)],
                                     stdin=subprocess.PIPE)
             assert proc.stdin is not None
@@ -114,19 +119,18 @@ class Ranks:
             proc.stdin.close()
             self.procs.append(proc)
         try:
-            return self._join(size, port, config)
+            return self._join(config, port)
         except BaseException:
             self._stop_procs(0.0)
             raise
 
-    def _join(self, size: int, port: int, config: EngineConfig) -> EPGroup:
+    def _join(self, config: EngineConfig, port: int) -> EPGroup:
         """Join the group, failing fast (not at the timeout) if a rank dies while starting."""
         box: list[EPGroup | BaseException] = []
 
         def join() -> None:
             try:
-                box.append(EPGroup(0, size, f"tcp://127.0.0.1:{port}",
-                                   config.parallel.timeout_s, rank_device(config.device, 0)))
+                box.append(_local_group(config, 0, port))
             except BaseException as exc:  # noqa: BLE001 - handed to the starting thread
                 box.append(exc)
 
