@@ -118,6 +118,9 @@ class Metrics:
                                       "Token-expert pairs dropped by the capacity factor.", "layer")
         self.a2a_bytes = counter("a2a_bytes", "All-to-all bytes between expert-parallel ranks.",
                                  "src", "dst")
+        self.gather_bytes = counter(
+            "ep_gather_bytes", "Bytes of MoE output rows all-gathered between expert-parallel "
+            "ranks.", "src", "dst")
         self.rank_tokens = counter("ep_rank_tokens",
                                    "Token-expert pairs computed by each expert-parallel rank.",
                                    "rank")
@@ -160,6 +163,7 @@ class Metrics:
             return
         experts: list[list[int]] | None = None
         a2a: list[list[int]] | None = None
+        gather: list[list[int]] | None = None
         dropped: list[list[int]] | None = None
         ranks: list[list[int]] | None = None
         preempted = 0
@@ -174,12 +178,14 @@ class Metrics:
             preempted += r["queue"]["preempted"]
             experts = _add(experts, r["experts"]["counts"])
             a2a = _add(a2a, r["a2a"]["bytes"])
+            gather = _add(gather, r["a2a"]["gather_bytes"])
             dropped = _add(dropped, [r["experts"]["dropped"]])
             ranks = _add(ranks, [r["a2a"].get("rank_tokens") or [0] * r["a2a"]["ep_size"]])
         self.steps.inc(len(records))
         if preempted:
             self.preemptions.inc(preempted)
-        for metric, matrix in ((self.expert_tokens, experts), (self.a2a_bytes, a2a)):
+        for metric, matrix in ((self.expert_tokens, experts), (self.a2a_bytes, a2a),
+                               (self.gather_bytes, gather)):
             for i, row in enumerate(matrix or []):
                 for j, value in enumerate(row):
                     self._child(metric, i, j).inc(value)

@@ -55,6 +55,7 @@ class Run:
     step_ms: float
     moe_ms: float  # per step on rank 0, with the exchanges
     bytes_per_token: float
+    gather_per_token: float  # all-gather of MoE outputs
     imbalance: float
     rank_tokens: list[int]
     rank_moe_ms: list[float]
@@ -79,12 +80,13 @@ def measure(engine: LLMEngine, name: str, batch: list[list[int]], max_tokens: in
     tokens = sum(s["batch"]["num_prefill_tokens"] + s["batch"]["num_decode_tokens"]
                  for s in steps)
     sent = sum(sum(map(sum, s["a2a"]["bytes"])) for s in steps)
+    gathered = sum(sum(map(sum, s["a2a"]["gather_bytes"])) for s in steps)
     pairs = [sum(s["a2a"]["rank_tokens"]) for s in steps]
     imbalance = sum(s["a2a"]["imbalance"] * w for s, w in zip(steps, pairs, strict=True))
     moe_ms = [sum(col) for col in zip(*(s["a2a"]["rank_moe_ms"] for s in steps), strict=True)]
     moe = sum(s["dur_ms"]["moe"] for s in steps) / len(steps)
     return Run(name, len(steps), tokens, wall, 1000 * wall / len(steps), moe, sent / tokens,
-               imbalance / sum(pairs),
+               gathered / tokens, imbalance / sum(pairs),
                [sum(col) for col in zip(*(s["a2a"]["rank_tokens"] for s in steps), strict=True)],
                [round(m, 1) for m in moe_ms])
 
@@ -123,13 +125,15 @@ def render(runs: list[Run], notes: list[str], command: str, model: str, skew: fl
         "run.",
         "",
         "| run | steps | step ms (vs 1 process) | MoE ms / step | a2a bytes / token "
-        "| rank imbalance | pairs per rank | GEMM ms per rank (slowest) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+        "| all-gather bytes / token | rank imbalance | pairs per rank "
+        "| GEMM ms per rank (slowest) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
     ]
     for r in runs:
         slowest = f" ({max(r.rank_moe_ms)})" if r.rank_moe_ms else ""
         lines.append(f"| {r.name} | {r.steps} | {r.step_ms:.1f} ({r.step_ms / base:.2f}x) | "
-                     f"{r.moe_ms:.1f} | {r.bytes_per_token:,.0f} | {r.imbalance:.3f} | "
+                     f"{r.moe_ms:.1f} | {r.bytes_per_token:,.0f} | "
+                     f"{r.gather_per_token:,.0f} | {r.imbalance:.3f} | "
                      f"{r.rank_tokens} | {r.rank_moe_ms or '-'}{slowest} |")
     lines += ["", *[f"- {note}" for note in notes], "", READING, END]
     return "\n".join(lines)

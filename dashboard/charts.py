@@ -144,12 +144,18 @@ def placement_map(info: dict[str, Any]) -> go.Figure:
 
 
 def a2a_volume(v: WindowView) -> go.Figure:
-    """Total all-to-all bytes per step, one line per mode (measured or modeled)."""
-    total, measured = v.col("a2a.total"), v.col("a2a.measured") > 0
-    traces = [go.Scatter(x=v.steps, y=np.where(kind, total, math.nan), name=f"{mode} bytes",
-                         **SCATTER)
-              for mode, kind in (("measured", measured), ("modeled", ~measured)) if kind.any()]
-    modes = " and ".join(t.name.split()[0] for t in traces)
+    """Total all-to-all bytes per step, one line per mode (measured or modeled), and the
+    all-gather of MoE outputs dashed beside them."""
+    measured = v.col("a2a.measured") > 0
+    kinds = [(mode, kind) for mode, kind in (("measured", measured), ("modeled", ~measured))
+             if kind.any()]
+    traces = [go.Scatter(x=v.steps, y=np.where(kind, v.col("a2a.total"), math.nan),
+                         name=f"{mode} bytes", **SCATTER) for mode, kind in kinds]
+    gather = v.col("a2a.gather")
+    traces += [go.Scatter(x=v.steps, y=np.where(kind, gather, math.nan),
+                          name=f"{mode} all-gather", line={"dash": "dot"}, **SCATTER)
+               for mode, kind in kinds if gather[kind].any()]
+    modes = " and ".join(mode for mode, _ in kinds)
     return figure(traces, f"All-to-all volume per step ({modes or 'none yet'})", "bytes",
                   **_time(v))
 

@@ -22,7 +22,7 @@ STAGES = ("schedule", "prepare", "forward", "sample", "moe")
 QUEUES = ("waiting", "running", "swapped", "preempted")
 COLUMNS = ("step", "max_slots", "occupancy", "budget", "kv.used", "kv.cached", "kv.free",
            "kv.usable", "kv.watermark", *(f"dur.{s}" for s in STAGES),
-           *(f"queue.{q}" for q in QUEUES), "dropped", "a2a.total", "a2a.measured",
+           *(f"queue.{q}" for q in QUEUES), "dropped", "a2a.total", "a2a.gather", "a2a.measured",
            "rank.imbalance", "blocks.mean", "blocks.max", "ttft.p50", "ttft.p99", "tpot.p50",
            "tpot.p99", "tok_s", "decode_tok_s")
 LATENCY_WINDOW = 64  # finished requests
@@ -149,6 +149,7 @@ class StepWindow:
             **{f"queue.{q}": frame["queue"][q] for q in QUEUES},
             "dropped": sum(frame["experts"]["dropped"]),
             "a2a.total": sum(map(sum, a2a["bytes"])),
+            "a2a.gather": sum(map(sum, a2a.get("gather_bytes") or [])),
             "a2a.measured": a2a["mode"] == "measured",
             "rank.imbalance": a2a.get("imbalance", math.nan) if a2a.get("rank_tokens")
             else math.nan,

@@ -14,7 +14,7 @@ from engine.ep_ranks import Ranks, model_runner
 from engine.eplb import predicted_imbalance, rebalance
 from engine.kv_cache import BlockManager
 from engine.outputs import RequestOutput, tpot
-from engine.parallel import Placement, a2a_bytes, imbalance, max_replicas
+from engine.parallel import Placement, a2a_bytes, gather_bytes, imbalance, max_replicas
 from engine.request import Request, Status
 from engine.runner import ForwardResult
 from engine.sampling import Sampler
@@ -392,7 +392,7 @@ class LLMEngine:
                             finished=len(finished), preempted=len(sched.preempted)),
             kv=self._kv_info(),
             experts=self._expert_info(result),
-            a2a=self._a2a_info(result),
+            a2a=self._a2a_info(result, sched.num_prefill_tokens + sched.num_decode_tokens),
             latency=LatencyInfo(
                 ttft_ms=[round(r.ttft_s * 1000, 3) for r in finished if r.ttft_s is not None],
                 tpot_ms=[round(tp * 1000, 3) for r in finished
@@ -436,20 +436,22 @@ class LLMEngine:
                           counts=counts.tolist(), dropped=dropped,
                           balance=[round(x, 4) for x in balance])
 
-    def _a2a_info(self, result: ForwardResult | None) -> A2AInfo:
+    def _a2a_info(self, result: ForwardResult | None, rows: int) -> A2AInfo:
         ep = self.placement.ep_size
         moe_ms: list[float] = []
         if result is None:
-            volume = [[0] * ep for _ in range(ep)]
+            volume = gathered = [[0] * ep for _ in range(ep)]
             per_layer = torch.zeros(self.model_config.num_layers, ep, dtype=torch.long)
         elif result.measured is not None:
             volume, per_layer = result.measured.bytes, result.measured.computed
-            moe_ms = result.measured.compute_ms
+            gathered, moe_ms = result.measured.gather_bytes, result.measured.compute_ms
         else:
             assert result.rank_pairs is not None
             elem = self.model.embed_tokens.weight.element_size()
-            volume = a2a_bytes(result.rank_pairs, self.model_config.hidden_size * elem)
+            row_bytes = self.model_config.hidden_size * elem
+            volume = a2a_bytes(result.rank_pairs, row_bytes)
             per_layer = result.rank_pairs.sum(1)
-        return A2AInfo(ep_size=ep, mode=self.a2a_mode, bytes=volume,
+            gathered = gather_bytes(ep, rows, per_layer.shape[0], row_bytes)
+        return A2AInfo(ep_size=ep, mode=self.a2a_mode, bytes=volume, gather_bytes=gathered,
                        rank_tokens=per_layer.sum(0).tolist(), rank_moe_ms=moe_ms,
                        imbalance=imbalance(per_layer), placement_version=self.placement.version)

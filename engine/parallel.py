@@ -105,6 +105,16 @@ def a2a_bytes(pairs: torch.Tensor, bytes_per_pair: int) -> list[list[int]]:
     return (sent * bytes_per_pair).tolist()
 
 
+def gather_bytes(ep_size: int, num_rows: int, layers: int, row_bytes: int) -> list[list[int]]:
+    """Bytes [from][to] of the all-gather that follows each MoE layer.
+
+    Attention is replicated, so every rank sends its share of the layer's output rows, padded
+    to the largest share (ceil(num_rows / ep_size)), to every other rank.
+    """
+    sent = -(-num_rows // ep_size) * layers * row_bytes
+    return [[0 if src == dst else sent for dst in range(ep_size)] for src in range(ep_size)]
+
+
 def imbalance(rank_pairs: torch.Tensor) -> float:
     """Per-layer pairs per rank [layers, ranks] -> sum of busiest-rank loads / sum of means.
 

@@ -31,10 +31,12 @@ class ModelInput:
 
 @dataclass
 class MeasuredA2A:
-    """What the ranks measured in one step: bytes sent [from][to], pairs computed per layer
-    and rank [layers, ranks], and each rank's grouped-GEMM milliseconds."""
+    """What the ranks measured in one step: bytes sent [from][to] by the all-to-alls and by
+    the all-gathers, pairs computed per layer and rank [layers, ranks], and each rank's
+    grouped-GEMM milliseconds."""
 
     bytes: list[list[int]]
+    gather_bytes: list[list[int]]
     computed: torch.Tensor
     compute_ms: list[float]
 
@@ -203,7 +205,7 @@ class ModelRunner:
         ctx.placement = self.placement
         if self.ep is not None:
             ctx.ep = self.ep
-            ctx.rank_stats = RankStats([0] * self.ep.size)
+            ctx.rank_stats = RankStats([0] * self.ep.size, [0] * self.ep.size)
         return self.model(inp.input_ids, inp.positions, ctx), ctx
 
     def _gather(self, ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor, MeasuredA2A]:
@@ -212,12 +214,14 @@ class ModelRunner:
         stats, size = ctx.rank_stats, self.ep.size
         counts = torch.stack(ctx.expert_counts).cpu()
         layers = counts.shape[0]
-        head = stats.dropped + stats.sent_bytes + stats.computed + [stats.compute_s]
+        head = (stats.dropped + stats.sent_bytes + stats.gathered_bytes + stats.computed
+                + [stats.compute_s])
         mine = torch.cat([torch.tensor(head, dtype=torch.float64), counts.flatten().double()])
         every = self.ep.gather_stats(mine)
-        dropped, sent, computed, seconds, experts = every.split(
-            [layers, size, layers, 1, counts.numel()], dim=1)
-        measured = MeasuredA2A(bytes=sent.long().tolist(), computed=computed.long().T,
+        dropped, sent, gathered, computed, seconds, experts = every.split(
+            [layers, size, size, layers, 1, counts.numel()], dim=1)
+        measured = MeasuredA2A(bytes=sent.long().tolist(), gather_bytes=gathered.long().tolist(),
+                               computed=computed.long().T,
                                compute_ms=[round(s * 1000, 3) for s in seconds.flatten().tolist()])
         return experts.sum(0).long().view_as(counts), dropped.sum(0).long(), measured
 

@@ -67,12 +67,14 @@ class ExpertInfo(BaseModel):
 
 
 class A2AInfo(BaseModel):
-    """Bytes sent [from][to] (dispatch plus combine), pairs computed per rank, per-rank
+    """Bytes sent [from][to] by the all-to-alls (dispatch plus combine) and by the all-gathers
+    of MoE output rows (attention is replicated), pairs computed per rank, per-rank
     grouped-GEMM time (measured mode only) and the rank-load imbalance of the step."""
 
     ep_size: int
     mode: Literal["measured", "modeled"]
     bytes: list[list[int]]
+    gather_bytes: list[list[int]] = []
     rank_tokens: list[int] = []
     rank_moe_ms: list[float] = []
     imbalance: float = 1.0

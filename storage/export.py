@@ -61,6 +61,7 @@ def _step_columns() -> list[tuple[str, pa.DataType, Callable[[dict[str, Any]], A
         ("expert_balance", pa.list_(f64), lambda r: r["experts"]["balance"]),
         ("a2a_mode", pa.string(), lambda r: r["a2a"]["mode"]),
         ("a2a_bytes", pa.list_(pa.list_(i64)), lambda r: r["a2a"]["bytes"]),
+        ("a2a_gather_bytes", pa.list_(pa.list_(i64)), lambda r: r["a2a"].get("gather_bytes")),
         ("ttft_ms", pa.list_(f64), lambda r: r["latency"]["ttft_ms"]),
         ("tpot_ms", pa.list_(f64), lambda r: r["latency"]["tpot_ms"]),
         ("slots_json", pa.string(), lambda r: json.dumps(r["batch"]["slots"])),

@@ -50,6 +50,7 @@ class RankStats:
     """What this rank measured in one step's expert-parallel exchange."""
 
     sent_bytes: list[int]  # to each rank: dispatched rows plus combined results
+    gathered_bytes: list[int]  # to each rank: this rank's output rows, all-gathered
     computed: list[int] = field(default_factory=list)  # pairs computed here, per layer
     dropped: list[int] = field(default_factory=list)  # pairs past capacity here, per layer
     compute_s: float = 0.0  # in this rank's grouped GEMMs

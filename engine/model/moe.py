@@ -103,4 +103,9 @@ class MoEBlock(nn.Module):
         own = ep_experts(x[start:end], weights, experts, self, placement.layers[self.index],
                          start, cap, ctx.ep, ctx.rank_stats)
         ctx.expert_counts.append(count(experts.flatten(), self.num_experts))
-        return ctx.ep.all_gather_rows(own, [b - a for a, b in ranges])
+        sizes = [b - a for a, b in ranges]
+        padded = max(sizes) * x.shape[1] * x.element_size()
+        for rank in range(ctx.ep.size):
+            if rank != ctx.ep.rank:
+                ctx.rank_stats.gathered_bytes[rank] += padded
+        return ctx.ep.all_gather_rows(own, sizes)

@@ -7,6 +7,7 @@ import httpx
 import openai
 import pytest
 from api_servers import MODEL, Served, serve, stop, wait_for, ws_connect
+from prometheus_client.parser import text_string_to_metric_families
 
 from api.settings import ServerSettings
 
@@ -70,6 +71,15 @@ def test_two_ranks_serve_rebalance_and_report_a_dead_rank(ranks2: Served) -> Non
     again = client.completions.create(model=MODEL, prompt="experts", max_tokens=4,
                                      temperature=0)
     assert again.choices[0].text == out.choices[0].text
+
+    moved = {name: 0.0 for name in ("a2a_bytes_total", "ep_gather_bytes_total")}
+    for family in text_string_to_metric_families(httpx.get(ranks2.url + "/metrics").text):
+        for sample in family.samples:
+            name = sample.name.removeprefix("moescope:")
+            if name in moved:
+                assert {sample.labels["src"], sample.labels["dst"]} <= {"0", "1"}
+                moved[name] += sample.value
+    assert min(moved.values()) > 0
 
     ranks2.loop.engine.ranks.procs[0].kill()
     wait_for(lambda: not ranks2.loop.alive, 20, "the loop to notice the dead rank")

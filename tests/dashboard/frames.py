@@ -25,6 +25,7 @@ def frame(step: int, changes: dict[str, list[Any]] | None = None) -> dict[str, A
                     "counts": [[6, 2, 2, 2], [3, 3, 3, 3]], "dropped": [0, 0],
                     "balance": [0.5, 1.0]},
         "a2a": {"ep_size": 2, "mode": "modeled", "bytes": [[0, 128], [256, 0]],
+                "gather_bytes": [[0, 64], [64, 0]],
                 "rank_tokens": [10, 6], "rank_moe_ms": [], "imbalance": 1.25,
                 "placement_version": 1},
         "latency": {"ttft_ms": [float(step)], "tpot_ms": [1.0]},

@@ -96,14 +96,17 @@ def test_a2a_is_labelled_with_its_mode() -> None:
 
 def test_a2a_volume_is_the_sum_per_step_split_by_mode() -> None:
     fs = frames(4)
-    fs[2]["a2a"] = {**fs[2]["a2a"], "mode": "measured", "bytes": [[0, 1000], [24, 0]]}
+    fs[2]["a2a"] = {**fs[2]["a2a"], "mode": "measured", "bytes": [[0, 1000], [24, 0]],
+                    "gather_bytes": [[0, 0], [0, 0]]}
     fig = charts.a2a_volume(StepWindow.of(fs))
-    measured, modeled = fig.data
+    measured, modeled, gather = fig.data
     assert measured.name == "measured bytes" and modeled.name == "modeled bytes"
     assert np.isnan(measured.y[0]) and measured.y[2] == 1024
     assert modeled.y[0] == 384 and np.isnan(modeled.y[2])
+    assert gather.name == "modeled all-gather" and gather.line.dash == "dot"
+    assert gather.y[0] == 128 and np.isnan(gather.y[2])
     assert fig.layout.title.text == "All-to-all volume per step (measured and modeled)"
-    only_modeled = charts.a2a_volume(StepWindow.of(frames(2)))
+    only_modeled = charts.a2a_volume(StepWindow.of(old_frame(i) for i in range(2)))
     assert _names(only_modeled) == ["modeled bytes"] and "(modeled)" in \
         only_modeled.layout.title.text
 

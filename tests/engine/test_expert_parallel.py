@@ -67,6 +67,7 @@ def test_measured_bytes_equal_the_modeled_figure(ep_run, reference) -> None:
     for got, want in zip(tele, modeled, strict=True):
         assert got["experts"]["counts"] == want["experts"]["counts"]
         assert got["a2a"]["bytes"] == want["a2a"]["bytes"]
+        assert got["a2a"]["gather_bytes"] == want["a2a"]["gather_bytes"]
         assert got["a2a"]["rank_tokens"] == want["a2a"]["rank_tokens"]
         assert len(got["a2a"]["rank_moe_ms"]) == 2
     total = sum(sum(map(sum, t["a2a"]["bytes"])) for t in tele)

@@ -6,7 +6,7 @@ from workloads import make_prompts, run_staggered, tokens
 
 from engine import LLMEngine, SamplingParams
 from engine.eplb import pack, predicted_imbalance, rebalance, replica_counts
-from engine.parallel import LayerPlacement, Placement, a2a_bytes, imbalance
+from engine.parallel import LayerPlacement, Placement, a2a_bytes, gather_bytes, imbalance
 
 
 def test_contiguous_placement_splits_experts_and_rows_evenly() -> None:
@@ -46,6 +46,12 @@ def test_a2a_bytes_counts_dispatch_and_combine_in_their_directions() -> None:
     # 0 -> 1: 0's pairs computed on 1 (3 + 2) plus results of 1's pairs computed on 0 (1 + 4)
     assert sent == [[0, 100], [100, 0]]
     assert a2a_bytes(torch.tensor([[[3, 6], [0, 0]]]), 1) == [[0, 6], [6, 0]]
+
+
+def test_gather_bytes_send_each_padded_share_to_every_other_rank() -> None:
+    # 7 rows over 3 ranks: shares 3, 2, 2, each padded to 3 rows; 2 layers of 10-byte rows
+    assert gather_bytes(3, 7, layers=2, row_bytes=10) == [[0, 60, 60], [60, 0, 60], [60, 60, 0]]
+    assert gather_bytes(1, 7, layers=2, row_bytes=10) == [[0]]
 
 
 def test_imbalance_weighs_each_layer_by_its_busiest_rank() -> None:

@@ -128,6 +128,9 @@ def test_export_jsonl_and_parquet(recorded: Recorded) -> None:
     assert table.num_rows == n_steps
     assert table.column("step").to_pylist() == list(range(n_steps))
     assert len(table.column("expert_counts")[0].as_py()) == 2  # layers of synthetic:tiny
+    steps = [x for x in lines if x["type"] == "step"]
+    for column, key in (("a2a_bytes", "bytes"), ("a2a_gather_bytes", "gather_bytes")):
+        assert table.column(column).to_pylist() == [s["a2a"][key] for s in steps]
     meta = json.loads(table.schema.metadata[b"moescope.session"])
     assert meta["id"] == recorded.session
     reqs = pq.read_table(io.BytesIO(recorded.get(base, format="parquet",
