@@ -206,14 +206,17 @@ class LLMEngine:
     def update_knobs(self, origin: str = "api", **changes: Any) -> int:
         """Validate a knob change as a whole; it applies at the next step boundary.
 
-        Returns the new knobs version; raises pydantic.ValidationError (a ValueError)
-        naming the field when the result would be invalid or inconsistent.
+        Returns the new knobs version (the current one when nothing changes); raises
+        pydantic.ValidationError (a ValueError) naming the field when the result would be
+        invalid or inconsistent.
         """
         with self._knob_lock:
             base = self._pending_knobs[-1][0] if self._pending_knobs else self.knobs
             new = self._validate_knobs({**base.model_dump(), **changes})
             old = base.model_dump()
             diff = {k: [old[k], v] for k, v in new.model_dump().items() if old[k] != v}
+            if not diff:
+                return self.knobs_version
             self.knobs_version += 1
             change = KnobChange(version=self.knobs_version, t=time.time(), origin=origin,
                                 changes=diff)

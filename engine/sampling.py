@@ -58,8 +58,9 @@ class Sampler:
         probs = torch.softmax(row, dim=-1)
         if p.top_p < 1.0:
             sorted_probs, order = probs.sort(descending=True)
-            before = sorted_probs.cumsum(0) - sorted_probs
-            sorted_probs[before >= p.top_p] = 0.0
+            outside = sorted_probs.cumsum(0) - sorted_probs >= p.top_p
+            outside[0] = False  # the most likely token always stays
+            sorted_probs[outside] = 0.0
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
         return int(torch.multinomial(probs, 1, generator=gen))
 

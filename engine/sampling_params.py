@@ -2,6 +2,8 @@
 
 from pydantic import BaseModel, ConfigDict, Field
 
+GREEDY_BELOW = 1e-5  # as vLLM's sampling epsilon
+
 
 class SamplingParams(BaseModel):
     """How to pick each generated token and when to stop."""
@@ -9,10 +11,11 @@ class SamplingParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_tokens: int = Field(16, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=100.0, description="0 = greedy")
+    temperature: float = Field(1.0, ge=0.0, le=100.0,
+                               description="0 = greedy, as is anything under GREEDY_BELOW")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0, description="0 = no top-k cut")
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1, description="per-request generator")
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = Field(None, ge=0, le=20, description="top-N log-probabilities")
@@ -20,4 +23,5 @@ class SamplingParams(BaseModel):
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Temperatures under GREEDY_BELOW pick the argmax (dividing by them would overflow)."""
+        return self.temperature < GREEDY_BELOW

@@ -147,6 +147,17 @@ def test_versions_increase_and_origin_defaults_to_api() -> None:
     assert telemetry.kv.watermark_blocks == int(0.2 * NUM_BLOCKS)
 
 
+def test_a_change_to_the_current_values_makes_no_version() -> None:
+    engine = make_engine()
+    assert engine.update_knobs(max_num_seqs=engine.knobs.max_num_seqs) == 1
+    assert engine.update_knobs(kv_watermark=0.1) == 2
+    assert engine.update_knobs(kv_watermark=0.1, max_num_seqs=engine.knobs.max_num_seqs) == 2
+    telemetry = step(engine)
+    assert [c.changes for c in telemetry.knob_changes] == [{"kv_watermark": [0.01, 0.1]}]
+    assert engine.update_knobs(kv_watermark=0.1) == 2
+    assert step(engine).knob_changes == [] and len(engine.knob_changes) == 1
+
+
 def test_capacity_change_reaches_the_kv_telemetry() -> None:
     engine = make_engine()
     engine.update_knobs(kv_capacity_blocks=12)

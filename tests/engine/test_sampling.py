@@ -66,7 +66,10 @@ def test_forget_restarts_a_seeded_stream() -> None:
 @pytest.mark.parametrize(
     "params",
     [SamplingParams(temperature=1.5, top_k=1), SamplingParams(temperature=1.5, top_p=1e-6),
-     SamplingParams(temperature=0.7, top_k=1, top_p=0.5)],
+     SamplingParams(temperature=0.7, top_k=1, top_p=0.5),
+     # past float32's range: 1/temperature overflows, top_p rounds to 0 in float32
+     SamplingParams(temperature=1e-40), SamplingParams(temperature=5e-324, top_k=3),
+     SamplingParams(top_p=1e-300), SamplingParams(temperature=1e-40, top_p=1e-300)],
 )
 def test_narrow_cuts_equal_greedy(params: SamplingParams) -> None:
     logits = random_logits(32, seed=4)
@@ -255,6 +258,20 @@ def test_sampling_params_validation_names_the_field(field: str, value: float) ->
         SamplingParams(**{field: value})
     assert [e["loc"] for e in info.value.errors()] == [(field,)]
     assert field in str(info.value)
+
+
+@pytest.mark.parametrize("seed", [-(2**63), 2**64 - 1])
+def test_seeds_at_the_ends_of_the_generator_range_sample(seed: int) -> None:
+    params = SamplingParams(seed=seed)
+    logits = random_logits(4, seed=2)
+    assert draw(Sampler(0), logits, params, "a") == draw(Sampler(1), logits, params, "a")
+
+
+@pytest.mark.parametrize("seed", [-(2**63) - 1, 2**64])
+def test_seeds_past_the_generator_range_are_refused(seed: int) -> None:
+    with pytest.raises(pydantic.ValidationError) as info:
+        SamplingParams(seed=seed)
+    assert [e["loc"] for e in info.value.errors()] == [("seed",)]
 
 
 def test_sampling_params_refuse_unknown_fields() -> None:
