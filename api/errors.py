@@ -2,6 +2,7 @@
 
 import json
 import logging
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,6 +17,10 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                403: "permission_error", 404: "not_found_error", 405: "invalid_request_error",
                409: "invalid_request_error", 413: "invalid_request_error",
                422: "invalid_request_error", 503: "service_unavailable"}
+# pydantic's errors for a body that is not a JSON object at all (its loc is just ("body",))
+NOT_AN_OBJECT = {"missing", "model_type", "model_attributes_type", "dict_type"}
+JSON_KINDS = {type(None): "null", bool: "a boolean", int: "a number", float: "a number",
+              str: "a string", list: "an array"}
 
 
 class APIError(Exception):
@@ -57,16 +62,28 @@ def _is_type_tag(part: str) -> bool:
     return part in ("str", "int", "float", "bool") or "[" in part
 
 
+def not_an_object(err: dict[str, Any]) -> str:
+    """Why a body that is not a JSON object was refused, saying what it was instead."""
+    got = err.get("input")
+    if err.get("type") == "missing":
+        return "must be a JSON object; the body is empty"
+    if isinstance(got, bytes):
+        return "must be a JSON object sent with content-type: application/json"
+    return f"must be a JSON object, not {JSON_KINDS.get(type(got), type(got).__name__)}"
+
+
 def describe_errors(errors: Sequence[Any]) -> tuple[str, str | None]:
     """One message naming every bad field, and the first field's name."""
     seen: dict[str, str] = {}
     for err in errors:
-        path = field_path(err.get("loc", ()))
+        loc = tuple(err.get("loc", ()))
+        path = field_path(loc)
         msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
         if err.get("type") == "json_invalid":
-            where = err.get("loc", ())[-1]
             path = "body"
-            msg = f"malformed JSON at character {where} ({err.get('ctx', {}).get('error', msg)})"
+            msg = f"malformed JSON at character {loc[-1]} ({err.get('ctx', {}).get('error', msg)})"
+        elif loc == ("body",) and err.get("type") in NOT_AN_OBJECT:
+            path, msg = "body", not_an_object(err)
         seen.setdefault(path, msg)
     parts = [f"{path}: {msg}" if path else msg for path, msg in seen.items()]
     first = next(iter(seen), None)
@@ -85,6 +102,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and exc.__cause__ is not None:
+            return error_response(422, unparsable_body(exc.__cause__), "body")
         return error_response(exc.status_code, str(exc.detail))
 
     @app.exception_handler(json.JSONDecodeError)
@@ -95,3 +114,15 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error")
         return error_response(503, f"server error: {type(exc).__name__}: {exc}")
+
+
+def unparsable_body(cause: BaseException) -> str:
+    """What stopped the JSON parser: FastAPI turns these into a bare 400, we name them."""
+    if isinstance(cause, UnicodeDecodeError):
+        return (f"body: not valid UTF-8 (byte {cause.object[cause.start]:#04x} at offset "
+                f"{cause.start})")
+    if isinstance(cause, RecursionError):
+        return "body: JSON nested too deeply"
+    if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
+        return f"body: a number has more than {sys.get_int_max_str_digits()} digits"
+    return f"body: could not be parsed as JSON ({type(cause).__name__}: {cause})"

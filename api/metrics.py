@@ -148,9 +148,12 @@ class Metrics:
         return child
 
     def observe_request(
-        self, reason: str, prompt_tokens: int, generated: int, e2e_s: float
+        self, reason: str, prompt_tokens: int, generated: int, e2e_s: float,
+        prefilled: bool = True,
     ) -> None:
-        self.prompt_tokens.inc(prompt_tokens)
+        """Count an ended request; its prompt tokens count as served only when `prefilled`."""
+        if prefilled:
+            self.prompt_tokens.inc(prompt_tokens)
         self.generation_tokens.inc(generated)
         self._child(self.request_success, reason).inc()
         self.e2e.observe(e2e_s)

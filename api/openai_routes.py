@@ -13,13 +13,19 @@ from pydantic import ValidationError
 
 from api.errors import APIError, describe_errors, error_body
 from api.metrics import Metrics
-from api.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, render_chat
+from api.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingFields,
+    Utf8JSONRoute,
+    render_chat,
+)
 from api.settings import ServerSettings
 from engine.loop import EngineDead, EngineLoop
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
-router = APIRouter()
+router = APIRouter(route_class=Utf8JSONRoute)
 
 POLL_S = 1.0
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat runs to the context
@@ -73,18 +79,22 @@ class Job:
             return index, out
 
     def close(self) -> None:
-        """Abort whatever has not finished (client gone or error) and count it."""
+        """Abort whatever has not finished (client gone or error) and count it.
+
+        A request still waiting in the queue has no output yet: it counts with no tokens.
+        """
         for index, request_id in enumerate(self.ids):
             if index not in self.done:
                 self.loop.abort(request_id)
                 self.done.add(index)
-                if index in self.last:
-                    self._record(index, self.last[index], "abort")
+                self._record(index, self.last.get(index), "abort")
 
-    def _record(self, index: int, out: RequestOutput, reason: str) -> None:
+    def _record(self, index: int, out: RequestOutput | None, reason: str) -> None:
+        """Count an ended request; `out` is None when it ended before its first output."""
         if self.metrics is not None:
-            self.metrics.observe_request(reason, self.prompt_lens[index], len(out.token_ids),
-                                         time.time() - self.started)
+            generated = 0 if out is None else len(out.token_ids)
+            self.metrics.observe_request(reason, self.prompt_lens[index], generated,
+                                         time.time() - self.started, prefilled=out is not None)
 
     def usage(self) -> dict[str, int]:
         prompt = sum(self.prompt_lens)
@@ -116,9 +126,12 @@ def _params(body: SamplingFields, max_tokens: int) -> SamplingParams:
 
 async def _start(
     request: Request, body: SamplingFields, prompts: list[str | list[int]],
-    max_tokens: int | None, field: str,
+    max_tokens: int | None, field: str, tokens_field: str = "max_tokens",
 ) -> Job:
-    """Check model, sizes and limits, then submit every prompt (all or none)."""
+    """Check model, sizes and limits, then submit every prompt (all or none).
+
+    `field` names the prompt in errors, `tokens_field` the field that gave `max_tokens`.
+    """
     loop, settings = _state(request)
     if body.model != settings.model_name:
         raise APIError(404, f"model {body.model!r} does not exist; this server serves "
@@ -146,11 +159,11 @@ async def _start(
     if max_tokens is None:
         max_tokens = min(token_limit, max_len - longest)
     if max_tokens > token_limit:
-        raise APIError(422, f"max_tokens ({max_tokens}) is over the limit of {token_limit}",
-                       "max_tokens")
+        raise APIError(422, f"{tokens_field} ({max_tokens}) is over the limit of {token_limit}",
+                       tokens_field)
     if longest + max_tokens > max_len:
-        raise APIError(422, f"{field} ({longest} tokens) + max_tokens ({max_tokens}) exceeds "
-                            f"the model's context length ({max_len})", "max_tokens")
+        raise APIError(422, f"{field} ({longest} tokens) + {tokens_field} ({max_tokens}) "
+                            f"exceeds the model's context length ({max_len})", tokens_field)
     params = _params(body, max_tokens)
     job = Job(loop, request.app.state.metrics)
     try:
@@ -159,7 +172,7 @@ async def _start(
             job.prompt_lens.append(len(ids))
     except ValueError as exc:
         job.close()
-        param = "max_tokens" if str(exc).startswith("prompt (") else field
+        param = tokens_field if str(exc).startswith("prompt (") else field
         raise APIError(422, str(exc), param) from None
     except EngineDead as exc:
         job.close()
@@ -259,8 +272,10 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
-    max_tokens = body.max_completion_tokens or body.max_tokens
-    job = await _start(request, body, [render_chat(body.messages)], max_tokens, "messages")
+    tokens_field = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
+    max_tokens = getattr(body, tokens_field)
+    job = await _start(request, body, [render_chat(body.messages)], max_tokens, "messages",
+                       tokens_field)
     head = {"id": "chat" + job.ids[0], "object": "chat.completion", "created": int(job.started),
             "model": body.model}
     if body.stream:

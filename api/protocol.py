@@ -1,10 +1,36 @@
 """OpenAI-compatible request bodies (strict: wrong types and unknown fields are a 422)."""
 
+import json
+from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, Literal
 
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-StopList = Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=8)]
+StopList = Annotated[list[str], Field(max_length=8)]
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
+
+
+class Utf8Request(Request):
+    """A request whose JSON body must be UTF-8 (RFC 8259), never UTF-16/32 guessed from BOMs."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = json.loads((await self.body()).decode("utf-8"))
+        return self._json
+
+
+class Utf8JSONRoute(APIRoute):
+    """A route that parses its body with `Utf8Request`."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            return await handler(Utf8Request(request.scope, request.receive))
+
+        return route
 
 
 class StreamOptions(BaseModel):
@@ -49,6 +75,20 @@ class SamplingFields(BaseModel):
     def _one_choice(cls, v: int | None) -> int | None:
         if v not in (None, 1):
             raise ValueError("only n = 1 is supported")
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_not_empty(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if v == "" or (isinstance(v, list) and "" in v):
+            raise ValueError("must be non-empty strings")
+        return v
+
+    @field_validator("seed")
+    @classmethod
+    def _seed_in_range(cls, v: int | None) -> int | None:
+        if v is not None and not SEED_MIN <= v <= SEED_MAX:
+            raise ValueError("must lie in [-2**63, 2**64 - 1] (the generator's seed range)")
         return v
 
     @field_validator("frequency_penalty", "presence_penalty")

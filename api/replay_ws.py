@@ -3,10 +3,11 @@
 Query: `speed` (recorded spacing divided by it; 0 = as fast as possible; default 1),
 `from` (first step), and `every` / `fields` as on /ws/telemetry. The client steers with
 JSON messages `{"op": "pause"}`, `{"op": "resume"}`, `{"op": "seek", "step": N}` and
-`{"op": "speed", "speed": X}`; each is answered by `{"replay": {state, speed, next}}`, and
-the end of the recording by state `ended` (the socket stays open for seeks). A bad request
-gets `{"error", "code"}` (404 unknown session, 422 bad parameter) and close code 1008; a bad
-control message gets `{"error"}` and the replay goes on.
+`{"op": "speed", "speed": X}`; each is answered by `{"replay": {state, speed, next}}` (`next`:
+the step sent next, null at the end), and the end of the recording by state `ended` (the
+socket stays open for seeks). A bad request gets `{"error", "code"}` (404 unknown session,
+422 bad parameter) and close code 1008; a bad control message gets `{"error"}` and the
+replay goes on.
 """
 
 import asyncio
@@ -113,7 +114,17 @@ class _Player:
         else:
             self.pacer.set_speed(msg["speed"])
         self.pacer.rebase()
+        await self.load_next()
         await self.state()
+
+    async def load_next(self) -> None:
+        """Fetch the step to send next unless it is fetched already; none left: ended."""
+        if self.next is not None or self.ended:
+            return
+        if self.cursor.needs_fill:
+            await asyncio.to_thread(self.cursor.fill)
+        self.next = self.cursor.pop()
+        self.ended = self.next is None
 
     async def run(self) -> None:
         while True:
@@ -123,14 +134,10 @@ class _Player:
             if not self.controls.empty():
                 await self.apply(self.controls.get_nowait())
                 continue
-            if self.next is None:
-                if self.cursor.needs_fill:
-                    await asyncio.to_thread(self.cursor.fill)
-                self.next = self.cursor.pop()
-                if self.next is None:
-                    self.ended = True
-                    await self.state()
-                    continue
+            await self.load_next()
+            if self.next is None:  # the end of the recording
+                await self.state()
+                continue
             wait = self.pacer.delay(self.next["t"], time.monotonic())
             if wait > 0:
                 try:

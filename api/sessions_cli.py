@@ -3,15 +3,20 @@
 import argparse
 import datetime as dt
 import json
+import math
 import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from storage import DEFAULT_URL, SessionNotFound, StorageError, Store
+from storage import DEFAULT_URL, SessionNotFound, SessionOpen, StorageError, Store
 from storage import queries as q
 from storage.export import TABLES, write_jsonl, write_parquet
 from storage.replay import replay
+
+
+class CommandError(Exception):
+    """A command that cannot go on: its message is the whole error line."""
 
 
 def default_db() -> str:
@@ -66,20 +71,33 @@ def cmd_export(store: Store, args: argparse.Namespace) -> None:
     q.require_session(store, args.id)
     if args.format == "jsonl":
         out = args.output or f"moescope-{args.id}.jsonl"
-        if out == "-":
-            n = write_jsonl(store, args.id, sys.stdout)
-        else:
-            with open(out, "w", encoding="utf-8") as f:
-                n = write_jsonl(store, args.id, f)
-        print(f"wrote {n} lines to {out}", file=sys.stderr)
-        return
-    out = args.output or f"moescope-{args.id}-{args.table}.parquet"
-    n = write_parquet(store, args.id, out, args.table)
-    print(f"wrote {n} rows ({args.table}) to {out}", file=sys.stderr)
+        what = "lines"
+    else:
+        out = args.output or f"moescope-{args.id}-{args.table}.parquet"
+        what = f"rows ({args.table})"
+    try:
+        n = _export(store, args, out)
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise CommandError(f"cannot write {out}: {reason}") from None
+    print(f"wrote {n} {what} to {out}", file=sys.stderr)
+
+
+def _export(store: Store, args: argparse.Namespace, out: str) -> int:
+    """Write the export to `out` ('-' = stdout for JSONL); the number of lines or rows."""
+    if args.format == "parquet":
+        return write_parquet(store, args.id, out, args.table)
+    if out == "-":
+        return write_jsonl(store, args.id, sys.stdout)
+    with open(out, "w", encoding="utf-8") as f:
+        return write_jsonl(store, args.id, f)
 
 
 def cmd_delete(store: Store, args: argparse.Namespace) -> None:
-    q.delete_session(store, args.id)
+    try:
+        q.delete_session(store, args.id, only_ended=not args.force)
+    except SessionOpen as exc:
+        raise CommandError(f"{exc}; --force deletes it anyway") from None
     print(f"deleted session {args.id}")
 
 
@@ -102,8 +120,6 @@ def step_line(r: dict[str, Any], t0: float) -> str:
 
 
 def cmd_replay(store: Store, args: argparse.Namespace) -> None:
-    if args.speed < 0:
-        raise ValueError(f"--speed: must be >= 0, got {args.speed}")
     q.require_session(store, args.id)
     t0 = None
     try:
@@ -114,16 +130,41 @@ def cmd_replay(store: Store, args: argparse.Namespace) -> None:
         pass
 
 
+def _speed(text: str) -> float:
+    """--speed: a finite number >= 0."""
+    try:
+        speed = float(text)
+    except ValueError:
+        speed = math.nan
+    if not math.isfinite(speed) or speed < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return speed
+
+
+def _step(text: str) -> int:
+    """--from: a step number >= 0."""
+    try:
+        step = int(text)
+    except ValueError:
+        step = -1
+    if step < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return step
+
+
 def _run(func: Callable[[Store, argparse.Namespace], None]) -> Callable[[argparse.Namespace], None]:
     def run(args: argparse.Namespace) -> None:
+        name = " ".join(filter(None, ("moescope", args.command, getattr(args, "action", None))))
         try:
             store = Store(args.db, create=False)
         except StorageError as exc:
-            raise SystemExit(f"moescope {args.command}: {exc}") from None
+            raise SystemExit(f"{name}: {exc}") from None
         try:
             func(store, args)
-        except (SessionNotFound, StorageError, ValueError) as exc:
-            raise SystemExit(f"moescope {args.command}: {exc} in {store.display_url}") from None
+        except SessionNotFound as exc:
+            raise SystemExit(f"{name}: {exc} in {store.display_url}") from None
+        except (CommandError, StorageError, ValueError) as exc:
+            raise SystemExit(f"{name}: {exc}") from None
         finally:
             store.close()
     return run
@@ -151,6 +192,8 @@ def add_session_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run(cmd_export))
     p = actions.add_parser("delete", help="remove a session and its records")
     p.add_argument("id")
+    p.add_argument("--force", action="store_true",
+                   help="delete it even if it is still open (a server may be recording it)")
     p.set_defaults(func=_run(cmd_delete))
     p = actions.add_parser("label", help="name a session ('' clears the name)")
     p.add_argument("id")
@@ -160,7 +203,7 @@ def add_session_commands(sub: argparse._SubParsersAction) -> None:
         _db_arg(p)
     p = sub.add_parser("replay", help="print a recorded session's steps at their pace")
     p.add_argument("id")
-    p.add_argument("--speed", type=float, default=1.0, help="0 = as fast as possible")
-    p.add_argument("--from", type=int, default=0, help="first step")
+    p.add_argument("--speed", type=_speed, default=1.0, help="0 = as fast as possible")
+    p.add_argument("--from", type=_step, default=0, help="first step")
     _db_arg(p)
     p.set_defaults(func=_run(cmd_replay))

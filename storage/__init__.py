@@ -6,6 +6,7 @@ from storage.store import (
     DEFAULT_URL,
     IncompatibleSchema,
     SessionNotFound,
+    SessionOpen,
     StorageError,
     Store,
 )
@@ -16,6 +17,7 @@ __all__ = [
     "IncompatibleSchema",
     "Recorder",
     "SessionNotFound",
+    "SessionOpen",
     "StorageError",
     "Store",
 ]

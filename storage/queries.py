@@ -7,7 +7,7 @@ from sqlalchemy import Row, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from storage.models import KnobChangeRow, RequestRow, SessionRow, StepRow
-from storage.store import SessionNotFound, Store
+from storage.store import SessionNotFound, SessionOpen, Store
 
 MAX_STEPS_PER_QUERY = 10_000
 
@@ -127,8 +127,20 @@ def requests(store: Store, session_id: str) -> list[dict[str, Any]]:
         return [{f: getattr(r, f) for f in REQUEST_FIELDS} for (r,) in conn.execute(query)]
 
 
-def delete_session(store: Store, session_id: str) -> None:
-    """Remove a session and everything recorded in it; its reruns lose their parent link."""
+def delete_session(store: Store, session_id: str, only_ended: bool = False) -> None:
+    """Remove a session and everything recorded in it; its reruns lose their parent link.
+
+    With `only_ended`, a session that has no end time yet raises SessionOpen instead (checked
+    before the write: a session that has ended never reopens).
+    """
+    if only_ended:
+        with Session(store.engine) as conn:
+            row = conn.execute(select(SessionRow.ended_t).where(SessionRow.id == session_id)
+                               ).first()
+        if row is None:
+            raise SessionNotFound(session_id)
+        if row.ended_t is None:
+            raise SessionOpen(session_id)
     with store.engine.begin() as conn:
         for table in (StepRow, KnobChangeRow, RequestRow):
             conn.execute(delete(table).where(table.session_id == session_id))

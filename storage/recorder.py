@@ -5,7 +5,10 @@ The engine only ever appends to bounded bus buffers. This thread drains them eve
 most `batch_size` steps, over one connection that it keeps (few calls, so few hand-offs of
 the GIL between it and the engine thread). When the database is slow or gone, records wait
 in the queues; past `max_pending` the oldest are dropped and counted, and writing resumes
-once a retry succeeds. `close()` flushes what is pending.
+once a retry succeeds. A batch that the database refuses (an integrity error, such as steps
+of a session deleted under the recorder) is dropped and counted, not retried. Either way `ok`
+is False, with `last_error`, until a batch is written again. `close()` flushes what is
+pending.
 
 Each record goes to the session whose time segment holds it (a step by its `t`, a request
 by its arrival): the server's own session, or a rerun session between `begin_session` and
@@ -244,9 +247,10 @@ class Recorder:
                 if requests:
                     conn.execute(insert(RequestRow), [_request_row(r) for r in requests])
         except IntegrityError as exc:
-            log.error("recorder: dropping a batch that %s refuses: %s", self.store.display_url,
-                      _first_line(exc))
-            self.last_error = _first_line(exc)
+            if self.ok:
+                log.error("recorder: %s refuses a batch (%s); dropping refused batches",
+                          self.store.display_url, _first_line(exc))
+            self.ok, self.last_error = False, _first_line(exc)
             self._pop(len(steps), len(requests), len(knobs))
             self.dropped_steps += len(steps)
             self.dropped_requests += len(requests)
@@ -269,7 +273,7 @@ class Recorder:
         self.written_requests += len(requests)
         self.batches += 1
         if not self.ok:
-            log.warning("recorder: %s is writable again", self.store.display_url)
+            log.warning("recorder: %s takes writes again", self.store.display_url)
         self.ok = True
         return True
 
@@ -291,12 +295,13 @@ class Recorder:
     def _write_sessions(
         self, conn: Connection, meta: dict[str, dict[str, Any]], dropped: dict[str, int]
     ) -> None:
+        """Insert new session rows, update written ones; skip updates to rows deleted since."""
         for sid, fields in meta.items():
             exists = conn.execute(select(SessionRow.id).where(SessionRow.id == sid)).first()
             if exists:
                 conn.execute(update(SessionRow).where(SessionRow.id == sid).values(**{
                     k: v for k, v in fields.items() if k != "id"}))
-            else:
+            elif "id" in fields:
                 conn.execute(insert(SessionRow).values(**fields))
         for sid, n in dropped.items():
             if sid:

@@ -31,6 +31,14 @@ class SessionNotFound(KeyError):
         return f"no session {self.args[0]!r}"
 
 
+class SessionOpen(RuntimeError):
+    """The session has no end time: a server may still be recording it."""
+
+    def __str__(self) -> str:
+        return (f"session {self.args[0]!r} is still open (no end time): "
+                "a server may be recording it")
+
+
 def safe_url(url: str) -> str:
     """The URL with any password hidden, for messages."""
     try:

@@ -5,6 +5,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from api_servers import MODEL, Served, serve, stop, wait_for, wait_idle
+from prometheus_client.parser import text_string_to_metric_families
 
 from api.settings import ServerSettings
 
@@ -69,3 +70,50 @@ def test_non_streaming_disconnect_aborts_too(
     wait_for(lambda: not served.loop.engine.requests, 4, "the abort")
     assert len(aborts) == 1 and served.loop.steps - aborts[0] <= 1
     assert served.loop.engine.blocks.num_used == 0
+
+
+def _counters(http: httpx.Client) -> dict[str, float]:
+    """Request counters of /metrics: aborts, prompt and generated tokens."""
+    out = {}
+    for family in text_string_to_metric_families(http.get("/metrics").text):
+        for sample in family.samples:
+            if sample.labels.get("finished_reason") == "abort":
+                out["aborts"] = sample.value
+            elif sample.name in ("moescope:prompt_tokens_total",
+                                 "moescope:generation_tokens_total"):
+                out[sample.name.split(":")[1]] = sample.value
+    return {"aborts": 0.0, **out}
+
+
+def test_requests_aborted_while_waiting_are_counted(fresh: Served) -> None:
+    served = fresh
+    wait_idle(served.loop)
+    running = {"model": MODEL, "prompt": "hold", "max_tokens": 1000, "ignore_eos": True,
+               "stream": True}
+    queued = {"model": MODEL, "prompt": "queued", "max_tokens": 5}
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "queued"}],
+            "max_tokens": 5, "stream": True}
+    with httpx.Client(base_url=served.url, timeout=30) as http:
+        assert http.patch("/api/knobs", json={"max_num_seqs": 1}).status_code == 200
+        try:
+            before = _counters(http)
+            with http.stream("POST", "/v1/completions", json=running) as resp:
+                lines = resp.iter_lines()  # kept open: it holds the only batch slot
+                assert next(lines).startswith("data: ")
+                with pytest.raises(httpx.ReadTimeout):
+                    httpx.post(served.url + "/v1/completions", json=queued, timeout=0.3)
+                with (http.stream("POST", "/v1/completions", json={**queued, "stream": True}),
+                      http.stream("POST", "/v1/chat/completions", json=chat)):
+                    wait_for(lambda: served.loop.summary()["queue"]["waiting"] == 2, 5,
+                             "two queued streams")
+                wait_for(lambda: _counters(http)["aborts"] == before["aborts"] + 3, 5,
+                         "three aborts counted")
+                wait_for(lambda: served.loop.summary()["queue"]["waiting"] == 0, 5,
+                         "the queue to empty")
+                assert served.loop.summary()["queue"]["running"] == 1
+                # never scheduled: no prompt tokens served, none generated
+                assert _counters(http) == {**before, "aborts": before["aborts"] + 3}
+            wait_for(lambda: _counters(http)["aborts"] == before["aborts"] + 4, 5,
+                     "the running request's abort counted")
+        finally:
+            assert http.patch("/api/knobs", json={"max_num_seqs": 8}).status_code == 200

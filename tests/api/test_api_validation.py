@@ -4,6 +4,8 @@ import httpx
 import pytest
 from api_servers import KV_BLOCKS, MODEL, Served
 
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+
 CASES = [
     ("post", "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": "many"},
      "max_tokens"),
@@ -22,7 +24,16 @@ CASES = [
      "presence_penalty"),
     ("post", "/v1/completions", {"model": MODEL}, "prompt"),
     ("post", "/v1/completions", {"model": MODEL, "prompt": []}, "prompt"),
-    ("post", "/v1/completions", [1, 2], None),
+    ("post", "/v1/completions", [1, 2], "body"),
+    ("post", "/v1/completions", {"model": MODEL, "prompt": "x", "stop": ""}, "stop"),
+    ("post", "/v1/completions", {"model": MODEL, "prompt": "x", "stop": ["a", ""]}, "stop"),
+    ("post", "/v1/completions", {"model": MODEL, "prompt": "x", "seed": 2**64}, "seed"),
+    ("post", "/v1/completions", {"model": MODEL, "prompt": "x", "seed": -(2**63) - 1}, "seed"),
+    ("post", "/v1/chat/completions", {**CHAT, "stop": ""}, "stop"),
+    ("post", "/v1/chat/completions", {**CHAT, "seed": 2**64}, "seed"),
+    ("post", "/v1/chat/completions", {**CHAT, "max_completion_tokens": 10**9},
+     "max_completion_tokens"),
+    ("post", "/v1/chat/completions", {**CHAT, "max_tokens": 10**9}, "max_tokens"),
     ("post", "/v1/chat/completions", {"model": MODEL, "messages": []}, "messages"),
     ("post", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "wizard",
                                                                     "content": "hi"}]},
@@ -40,7 +51,7 @@ CASES = [
     ("patch", "/api/knobs", {"prefill_chunk_size": 512}, "prefill_chunk_size"),
     ("patch", "/api/knobs", {"speed": "fast"}, "speed"),
     ("patch", "/api/knobs", {}, None),
-    ("patch", "/api/knobs", "max_num_seqs=8", None),
+    ("patch", "/api/knobs", "max_num_seqs=8", "body"),
 ]
 
 
@@ -78,6 +89,47 @@ def test_malformed_json_is_a_422(http: httpx.Client, raw: bytes) -> None:
         assert "malformed JSON" in resp.json()["error"]["message"]
     resp = http.patch("/api/knobs", content=raw, headers={"content-type": "application/json"})
     assert resp.status_code == 422
+
+
+@pytest.mark.parametrize(("raw", "words"), [
+    (b"[1, 2]", "JSON object, not an array"),
+    (b"null", "JSON object, not null"),
+    (b'"prompt"', "JSON object, not a string"),
+    (b"", "body is empty"),
+    (b"\xff\xfe{}", "not valid UTF-8"),
+    (b'{"model": "\xff"}', "not valid UTF-8"),
+    (b"[" * 20_000 + b"]" * 20_000, "nested too deeply"),
+    (b'{"model": "m", "prompt": "x", "max_tokens": ' + b"9" * 4301 + b"}", "4300 digits"),
+])
+def test_a_body_that_is_no_json_object_is_a_422_saying_why(
+    http: httpx.Client, raw: bytes, words: str
+) -> None:
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        resp = http.post(path, content=raw, headers={"content-type": "application/json"})
+        assert resp.status_code == 422, resp.text
+        error = resp.json()["error"]
+        assert error["param"] == "body" and words in error["message"], error
+
+
+def test_a_json_body_without_its_content_type_is_told_so(http: httpx.Client) -> None:
+    resp = http.post("/v1/completions", content=b'{"model": "x", "prompt": "x"}')
+    assert resp.status_code == 422
+    error = resp.json()["error"]
+    assert error["param"] == "body" and "content-type: application/json" in error["message"]
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_seeds_are_those_the_generator_takes(http: httpx.Client, path: str) -> None:
+    body = {"model": MODEL, "prompt": "x"} if path == "/v1/completions" else CHAT
+    for seed in (-(2**63), 2**64 - 1):
+        resp = http.post(path, json={**body, "seed": seed, "max_tokens": 2, "temperature": 1.0})
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["usage"]["completion_tokens"] >= 1
+    for seed in (-(2**63) - 1, 2**64, 10**100):
+        resp = http.post(path, json={**body, "seed": seed})
+        assert resp.status_code == 422
+        error = resp.json()["error"]
+        assert error["param"] == "seed" and "[-2**63, 2**64 - 1]" in error["message"], error
 
 
 def test_other_client_errors(http: httpx.Client) -> None:

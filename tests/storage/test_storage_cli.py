@@ -9,7 +9,8 @@ import pytest
 from storage_helpers import bare_recorder, request_record, step_record
 
 from api.cli import main
-from storage import Store
+from storage import SessionNotFound, Store
+from storage import queries as q
 
 
 @pytest.fixture
@@ -72,5 +73,53 @@ def test_replay_prints_one_line_per_step(db: tuple[str, str],
     lines = _run(capsys, "replay", sid, "--db", url, "--speed", "0", "--from", "5").splitlines()
     assert len(lines) == 15 and lines[0].startswith("step      5")
     assert "run   2" in lines[0] and "kv 2/64" in lines[0]
-    with pytest.raises(SystemExit, match="speed"):
-        main(["replay", sid, "--db", url, "--speed", "-1"])
+
+
+@pytest.mark.parametrize(("option", "value", "rule"), [
+    ("--speed", "-1", "a finite number >= 0"), ("--speed", "nan", "a finite number >= 0"),
+    ("--speed", "inf", "a finite number >= 0"), ("--from", "-5", "an integer >= 0"),
+])
+def test_replay_refuses_bad_speed_and_start(db: tuple[str, str], option: str, value: str,
+                                            rule: str, capsys: pytest.CaptureFixture[str]
+                                            ) -> None:
+    url, sid = db
+    with pytest.raises(SystemExit) as info:
+        main(["replay", sid, "--db", url, option, value])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}: must be {rule}, got '{value}'" in err
+    assert url not in err
+
+
+def test_delete_refuses_an_open_session_unless_forced(db_url: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    store = Store(db_url)
+    rec, steps, _ = bare_recorder(store)
+    steps.publish(step_record(0, time.time()))
+    assert rec.flush()
+    with pytest.raises(SystemExit) as info:
+        main(["sessions", "delete", "main", "--db", db_url])
+    assert str(info.value) == ("moescope sessions delete: session 'main' is still open (no end "
+                               "time): a server may be recording it; --force deletes it anyway")
+    assert [s["step"] for s in q.steps(store, "main")] == [0]
+    assert _run(capsys, "sessions", "delete", "main", "--force", "--db", db_url) \
+        == "deleted session main\n"
+    steps.publish(step_record(1, time.time()))
+    assert rec.flush()
+    assert not rec.stats()["ok"] and rec.dropped_steps == 1
+    rec.close()
+    with pytest.raises(SessionNotFound):
+        q.get_session(store, "main")
+    store.close()
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_export_to_an_unwritable_path_is_one_line(db: tuple[str, str], tmp_path: Path,
+                                                  fmt: str) -> None:
+    url, sid = db
+    out = tmp_path / "missing" / f"x.{fmt}"
+    with pytest.raises(SystemExit) as info:
+        main(["sessions", "export", sid, "--db", url, "--format", fmt, "-o", str(out)])
+    assert str(info.value) == (f"moescope sessions export: cannot write {out}: "
+                               "No such file or directory")
+    assert not out.parent.exists()

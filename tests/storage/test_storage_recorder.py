@@ -6,7 +6,7 @@ import pytest
 from sqlalchemy import func, select
 from storage_helpers import bare_recorder, locked, request_record, step_record, wait_for
 
-from storage import Store
+from storage import SessionNotFound, Store
 from storage import queries as q
 from storage.models import SessionRow, StepRow
 
@@ -83,6 +83,31 @@ def test_a_locked_database_drops_and_counts_then_recording_resumes(tmp_path: obj
     stored = [s["step"] for s in q.steps(store, "main")]
     assert stored == [0, *range(251, 311)]  # the oldest were dropped, the newest kept
     assert q.get_session(store, "main")["dropped"] == 250
+    store.close()
+
+
+def test_refused_batches_are_dropped_and_reported_until_a_write_succeeds(db_url: str) -> None:
+    store = Store(db_url)
+    rec, steps, _ = bare_recorder(store)
+    t = time.time()
+    steps.publish(step_record(0, t))
+    assert rec.flush() and rec.ok
+    q.delete_session(store, "main")  # under the recorder: its steps now break the foreign key
+    for i in range(1, 6):
+        steps.publish(step_record(i, t + i * 1e-3))
+    assert rec.flush()
+    stats = rec.stats()
+    assert not stats["ok"] and "foreign key" in stats["last_error"].lower()
+    assert stats["dropped_steps"] == 5 and stats["pending_steps"] == 0
+    assert rec.brief()["ok"] is False
+    child = rec.begin_session("rerun", model="m", engine_session="eng", config={}, knobs={})
+    steps.publish(step_record(6, time.time()))
+    assert rec.flush()
+    assert rec.ok and [s["step"] for s in q.steps(store, child)] == [6]
+    rec.close()  # ends both sessions: the deleted one is not written back
+    assert q.get_session(store, child)["ended_t"] and rec.ok
+    with pytest.raises(SessionNotFound):
+        q.get_session(store, "main")
     store.close()
 
 
