@@ -42,7 +42,8 @@ READING = (
     "runs): both ranks compute attention for the whole batch, and each layer pays four gloo "
     "exchanges (counts, dispatch, combine, all-gather) that cost more than the GEMMs at this "
     "size. The step-time gain from rebalancing is about the size of this machine's "
-    "run-to-run swing (10-15%)."
+    "run-to-run swing (10-15%). The all-gather of MoE outputs (attention is replicated) adds "
+    "half as many bytes again as dispatch and combine, whatever the placement."
 )
 
 

@@ -154,6 +154,17 @@ def measure(shape: dict, budget_s: float) -> tuple[list[str], dict[int, dict[str
     return list(impls), results
 
 
+READING = (
+    "Reading (over three runs on 2026-11-30): at 1 token ours is about 1.5-1.8x faster than "
+    "transformers' block (less routing overhead); at 64 tokens every grouped or per-expert "
+    "implementation is within noise of the others; at 2048 tokens torch's CPU grouped_mm (ours "
+    "and transformers' alike) runs at 0.9-1.0x the speed of a per-expert loop of matmuls: on "
+    "the CPU it runs one matmul per group itself (the torch profiler shows one aten::mm per "
+    "expert and projection inside it), and those GEMMs are over 90% of our layer's time. "
+    "Tokens one at a time are 4-9x slower from 64 tokens up."
+)
+
+
 def render(shape: dict, names: list[str], results: dict[int, dict[str, float]],
            threads: int, command: str, seconds: float) -> str:
     ours_name = names[0]
@@ -180,7 +191,7 @@ def render(shape: dict, names: list[str], results: dict[int, dict[str, float]],
         cells = [f"{results[n][name]:.2f} ({results[n][name] / results[n][ours_name]:.2f}x)"
                  for n in tokens]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines.append(END)
+    lines += ["", READING, END]
     return "\n".join(lines)
 
 
