@@ -85,6 +85,7 @@ class Workload:
         self.aborted: set[str] = set()
         self.finished: dict[str, RequestOutput] = {}
         self.version = 1
+        self.accepted = self.engine.knobs.model_dump()  # the last accepted knob values
         self.tokens = 0
 
     def act(self, action: tuple[Any, ...]) -> None:
@@ -120,8 +121,10 @@ class Workload:
         except pydantic.ValidationError:
             assert self.engine.knobs_version == self.version
         else:
-            assert version == self.version + 1
+            changed = any(self.accepted[k] != v for k, v in changes.items())
+            assert version == self.version + changed  # a change to nothing makes no version
             self.version = version
+            self.accepted.update(changes)
         assert self.engine.knobs == knobs  # applied only at the next step
 
     def step(self) -> None:
