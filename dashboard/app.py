@@ -25,7 +25,7 @@ def server_url() -> str:
 
 def main() -> None:
     st.set_page_config(page_title="moescope", layout="wide")
-    pages = st.navigation([st.Page(live.page, title="Live", url_path="live", default=True),
+    pages = st.navigation([st.Page(live.page, title="Live", default=True),
                            st.Page(replay.page, title="Replay", url_path="replay"),
                            st.Page(compare_page.page, title="Compare", url_path="compare")])
     with st.sidebar:

@@ -51,6 +51,15 @@ def knob_input(name: str, entry: dict[str, Any], value: Any, key: str) -> Any:
                            format="%.3f", key=key, help=help_text, placeholder="null")
 
 
+def apply_knobs(url: str, shown: dict[str, Any], keys: dict[str, str]) -> None:
+    """Apply's callback (it runs before the page is drawn again, which then reads the new
+    version): PATCH the knobs whose inputs differ from the values shown."""
+    changes = {name: st.session_state[key] for name, key in keys.items()
+               if st.session_state[key] != shown[name]}
+    st.session_state["knob_msg"] = (patch_knobs(url, changes) if changes
+                                    else (True, "nothing changed"))
+
+
 def knob_panel(url: str) -> None:
     st.header("Knobs")
     try:
@@ -60,18 +69,12 @@ def knob_panel(url: str) -> None:
         return
     knobs, version = state["knobs"], state["version"]
     st.caption(f"version {version} (applied {state['applied_version']})")
+    keys = {name: f"knob_{name}_v{version}" for name in state["schema"] if name in knobs}
     with st.form("knobs"):
-        values = {name: knob_input(name, entry, knobs[name], f"knob_{name}_v{version}")
-                  for name, entry in state["schema"].items() if name in knobs}
-        submitted = st.form_submit_button("Apply", key="apply", type="primary")
-    if submitted:
-        changes = {k: v for k, v in values.items() if v != knobs[k]}
-        if not changes:
-            st.session_state["knob_msg"] = (True, "nothing changed")
-        else:
-            st.session_state["knob_msg"] = patch_knobs(url, changes)
-            if st.session_state["knob_msg"][0]:
-                st.rerun()
+        for name, key in keys.items():
+            knob_input(name, state["schema"][name], knobs[name], key)
+        st.form_submit_button("Apply", key="apply", type="primary", on_click=apply_knobs,
+                              args=(url, knobs, keys))
     msg = st.session_state.get("knob_msg")
     if msg is not None:
         (st.success if msg[0] else st.error)(msg[1])

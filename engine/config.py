@@ -1,5 +1,6 @@
 """Configs fixed at start (model, cache, parallel, engine) and the live `Knobs`."""
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -64,9 +65,10 @@ Batching = Literal["continuous", "static"]
 
 
 class Knobs(BaseModel):
-    """Live scheduling and capacity knobs, validated as a whole."""
+    """Live scheduling and capacity knobs, validated as a whole (strict: no True for 1, no
+    "8" or 8.0 for 8)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     max_num_seqs: int = Field(64, ge=1, le=4096, description="batch slots")
     max_num_batched_tokens: int = Field(2048, ge=1, le=1 << 20, description="token budget per step")
@@ -177,6 +179,9 @@ def engine_config(model: str = "synthetic:tiny", **kwargs: Any) -> EngineConfig:
     unknown = sorted(set(kwargs) - allowed)
     if unknown:
         raise ValueError(f"unknown engine argument(s) {unknown}")
+    skew = kwargs.get("router_skew")
+    if skew is not None and not math.isfinite(skew):
+        raise ValueError(f"router_skew must be a finite number, got {skew}")
     batching = kwargs.get("batching", "continuous")
     if batching not in ("continuous", "static"):
         raise ValueError(f"batching {batching!r} must be 'continuous' or 'static'")

@@ -1,5 +1,6 @@
 """LLMEngine: one step = schedule, prepare, forward (attention + grouped MoE), sample, update."""
 
+import numbers
 import threading
 import time
 import uuid
@@ -15,7 +16,7 @@ from engine.eplb import predicted_imbalance, rebalance
 from engine.kv_cache import BlockManager
 from engine.outputs import RequestOutput, tpot
 from engine.parallel import Placement, a2a_bytes, gather_bytes, imbalance, max_replicas
-from engine.request import Request, Status
+from engine.request import Request, Status, auto_request_id
 from engine.runner import ForwardResult
 from engine.sampling import Sampler
 from engine.sampling_params import SamplingParams
@@ -119,9 +120,15 @@ class LLMEngine:
         """Queue a request; raises ValueError naming the problem before any state changes."""
         params = params or SamplingParams()
         ids = self.check_request(prompt, params)
-        if request_id is not None and request_id in self.requests:
+        if request_id is None:
+            request_id = auto_request_id()
+            while request_id in self.requests:  # a caller chose this `req-N` already
+                request_id = auto_request_id()
+        elif not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
+        elif request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        req = Request(ids, params, request_id or "", arrival or time.time())
+        req = Request(ids, params, request_id, arrival or time.time())
         self.requests[req.request_id] = req
         self.scheduler.add(req)
         self._arrived += 1
@@ -133,6 +140,10 @@ class LLMEngine:
         cfg = self.model_config
         if not ids:
             raise ValueError("prompt is empty")
+        odd = [t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)]
+        if odd:
+            raise ValueError(f"prompt token id {odd[0]!r} is not an integer")
+        ids = [int(t) for t in ids]
         bad = [t for t in ids if not 0 <= t < cfg.vocab_size]
         if bad:
             raise ValueError(

@@ -11,6 +11,11 @@ from engine.sampling_params import SamplingParams
 _ids = itertools.count()
 
 
+def auto_request_id() -> str:
+    """A fresh `req-N` id (a caller may have taken one already: check before use)."""
+    return f"req-{next(_ids)}"
+
+
 class Status(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"

@@ -124,6 +124,8 @@ def test_live_page_in_a_browser(served: Served, dashboard_url: str, load: Load,
         expect(page.get_by_text("accepted as version")).to_be_visible(timeout=10_000)
         assert get_knobs(served.url)["knobs"]["max_num_seqs"] == new
         expect(page.get_by_text(f"max_num_seqs {old}→{new}").first).to_be_visible(timeout=10_000)
+        expect(page.get_by_text("accepted as version")).to_be_visible()  # not overwritten
+        expect(page.get_by_text("nothing changed")).to_have_count(0)
 
         page.get_by_role("spinbutton", name="max_num_batched_tokens").fill("3")
         page.get_by_role("button", name="Apply").click()

@@ -123,6 +123,9 @@ def test_bad_requests_are_refused_before_state_changes() -> None:
         ([1] * 1024, "max_model_len"),
         ([1] * 10, "KV blocks"),
         ([99999], "vocabulary"),
+        ([1.5, 2], "1.5 is not an integer"),
+        ([True, 2], "True is not an integer"),
+        (["a"], "'a' is not an integer"),
     ]
     for prompt, words in cases:
         with pytest.raises(ValueError, match=words):
@@ -133,6 +136,22 @@ def test_bad_requests_are_refused_before_state_changes() -> None:
     engine.add_request([1, 2], request_id="a")
     with pytest.raises(ValueError, match="already in use"):
         engine.add_request([1, 2], request_id="a")
+    for bad_id in (5, ""):
+        with pytest.raises(ValueError, match="request_id must be a non-empty string"):
+            engine.add_request([1, 2], request_id=bad_id)
+    assert list(engine.requests) == ["a"]
+
+
+def test_automatic_ids_skip_ids_a_caller_took() -> None:
+    engine = LLMEngine(model="synthetic:tiny", num_kv_blocks=32, block_size=4)
+    first = engine.add_request([1, 2])
+    taken = [f"req-{int(first.removeprefix('req-')) + n}" for n in (2, 4, 6)]
+    for rid in taken:
+        engine.add_request([3, 4], request_id=rid)
+    auto = [engine.add_request([5, 6]) for _ in range(3)]
+    assert len({first, *taken, *auto}) == len(engine.requests) == 7
+    assert all(engine.abort(rid) for rid in taken)
+    assert set(engine.requests) == {first, *auto}
 
 
 @pytest.mark.parametrize("args, words", [
@@ -141,6 +160,8 @@ def test_bad_requests_are_refused_before_state_changes() -> None:
     ({"model": "synthetic:tiny", "dtype": "int8"}, "dtype"),
     ({"model": "synthetic:tiny", "bogus": 1}, "bogus"),
     ({"model": "synthetic:tiny", "ep_size": 3}, "ep_size"),
+    ({"model": "synthetic:tiny", "router_skew": float("nan")}, "router_skew"),
+    ({"model": "synthetic:tiny", "router_skew": float("inf")}, "router_skew"),
 ])
 def test_bad_engine_arguments(args: dict, words: str) -> None:
     with pytest.raises(ValueError, match=words):

@@ -38,6 +38,10 @@ BAD_CHANGES: list[tuple[dict[str, Any], str]] = [
     ({"kv_watermark": 0.75}, "kv_watermark"),
     ({"kv_watermark": -0.1}, "kv_watermark"),
     ({"kv_watermark": "lots"}, "kv_watermark"),
+    ({"max_num_seqs": True}, "max_num_seqs"),
+    ({"max_num_seqs": "8"}, "max_num_seqs"),
+    ({"max_num_seqs": 8.0}, "max_num_seqs"),
+    ({"kv_watermark": "0.1"}, "kv_watermark"),
     ({"expert_capacity_factor": 0.0}, "expert_capacity_factor"),
     ({"kv_capacity_blocks": 0}, "kv_capacity_blocks"),
     ({"kv_capacity_blocks": NUM_BLOCKS + 1}, "kv_capacity_blocks"),
@@ -145,6 +149,13 @@ def test_versions_increase_and_origin_defaults_to_api() -> None:
         (3, "api", {"kv_watermark": [0.1, 0.2]}),
     ]
     assert telemetry.kv.watermark_blocks == int(0.2 * NUM_BLOCKS)
+
+
+def test_a_whole_number_is_a_float_knob() -> None:
+    engine = make_engine()
+    assert engine.update_knobs(kv_watermark=0) == 2
+    step(engine)
+    assert engine.knobs.kv_watermark == 0.0
 
 
 def test_a_change_to_the_current_values_makes_no_version() -> None:
