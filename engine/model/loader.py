@@ -3,11 +3,12 @@
 import json
 import math
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from engine.config import Family, ModelConfig
 from engine.model.tokenizer import ByteTokenizer, FileTokenizer, NoTokenizer, Tokenizer
@@ -46,7 +47,7 @@ def load_model(
         raise ValueError(
             f"unknown model {name!r}: expected one of {presets} or a directory with config.json"
         )
-    cfg = model_config_from_hf(json.loads((path / "config.json").read_text()))
+    cfg = model_config_from_hf(_read_config(path))
     model = MoETransformer(cfg)
     load_safetensors(model, path)
     tok_path = path / "tokenizer.json"
@@ -87,53 +88,141 @@ def _refuse(cond: bool, message: str) -> None:
         raise ValueError(message)
 
 
+def _read_config(path: Path) -> dict[str, Any]:
+    """The JSON object in `path`/config.json."""
+    file = path / "config.json"
+    try:
+        config = json.loads(file.read_text())
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+        raise ValueError(f"{file} is not valid JSON: {e}") from e
+    _refuse(not isinstance(config, dict),
+            f"{file} must hold a JSON object, not a {type(config).__name__}")
+    return config
+
+
+_REQUIRED: Any = object()
+
+
+def _value(c: dict[str, Any], key: str, kinds: tuple[type, ...], default: Any = _REQUIRED) -> Any:
+    """`c[key]` checked against `kinds` (a bool is no number); null or absent gives `default`."""
+    value = c.get(key)
+    if value is None:
+        _refuse(default is _REQUIRED, f"config.json is missing the required key {key!r}")
+        return default
+    wrong = not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)
+    expected = " or ".join(k.__name__ for k in kinds)
+    _refuse(wrong, f"config.json: {key!r} must be {expected}, got {value!r}")
+    return value
+
+
+def _int(c: dict[str, Any], key: str, default: Any = _REQUIRED, minimum: int = 1) -> Any:
+    """An integer of at least `minimum` (or `default` when absent)."""
+    value = _value(c, key, (int,), default)
+    _refuse(c.get(key) is not None and value < minimum,
+            f"config.json: {key!r} must be at least {minimum}, got {value!r}")
+    return value
+
+
+def _number(c: dict[str, Any], key: str, default: Any = _REQUIRED) -> Any:
+    """A positive finite number (or `default` when absent)."""
+    value = _value(c, key, (int, float), default)
+    _refuse(c.get(key) is not None and not 0 < value < math.inf,
+            f"config.json: {key!r} must be a positive finite number, got {value!r}")
+    return value
+
+
+def _first_set(c: dict[str, Any], *keys: str) -> str:
+    """The first of `keys` that the config sets (not null), else the last."""
+    return next((k for k in keys if c.get(k) is not None), keys[-1])
+
+
 def model_config_from_hf(c: dict[str, Any]) -> ModelConfig:
     """Map a Hugging Face config.json onto ModelConfig, refusing what the model cannot run."""
     model_type = c.get("model_type")
     family = FAMILIES.get(str(model_type))
-    _refuse(family is None, f"unsupported model family {model_type!r}: "
-            f"moescope runs {sorted(FAMILIES)}")
-    rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    _refuse(rope_type != "default", f"unsupported rope scaling {rope_type!r}")
+    if family is None:
+        raise ValueError(f"unsupported model family {model_type!r}: "
+                         f"moescope runs {sorted(FAMILIES)}")
     sliding = c["use_sliding_window"] if "use_sliding_window" in c else c.get("sliding_window")
     _refuse(bool(sliding), "sliding-window attention is not supported")
     _refuse(c.get("decoder_sparse_step", 1) != 1 or bool(c.get("mlp_only_layers")),
             "checkpoints with dense (non-MoE) layers are not supported")
-    heads = c["num_attention_heads"]
-    eos = c.get("eos_token_id")
-    moe_inter = c.get("moe_intermediate_size") or c["intermediate_size"]
+    hidden, heads = _int(c, "hidden_size"), _int(c, "num_attention_heads")
+    kv_heads = _int(c, "num_key_value_heads", heads)
+    _refuse(heads % kv_heads != 0, f"config.json: num_attention_heads ({heads}) is not a "
+            f"multiple of num_key_value_heads ({kv_heads})")
+    experts_key = _first_set(c, "num_local_experts", "num_experts")
+    num_experts, top_k = _int(c, experts_key), _int(c, "num_experts_per_tok")
+    _refuse(top_k > num_experts, f"config.json: num_experts_per_tok ({top_k}) exceeds "
+            f"{experts_key} ({num_experts})")
     return ModelConfig(
-        family=family,  # type: ignore[arg-type]
-        vocab_size=c["vocab_size"],
-        hidden_size=c["hidden_size"],
-        num_layers=c["num_hidden_layers"],
+        family=family,
+        vocab_size=_int(c, "vocab_size"),
+        hidden_size=hidden,
+        num_layers=_int(c, "num_hidden_layers"),
         num_heads=heads,
-        num_kv_heads=c.get("num_key_value_heads") or heads,
-        head_dim=c.get("head_dim") or c["hidden_size"] // heads,
-        moe_intermediate_size=moe_inter,
-        num_experts=c.get("num_local_experts") or c["num_experts"],
-        top_k=c["num_experts_per_tok"],
-        norm_topk_prob=True if family == "mixtral" else bool(c.get("norm_topk_prob", False)),
-        shared_expert_intermediate_size=(c.get("shared_expert_intermediate_size") or 0)
+        num_kv_heads=kv_heads,
+        head_dim=_head_dim(c, hidden, heads),
+        moe_intermediate_size=_int(c, _first_set(c, "moe_intermediate_size", "intermediate_size")),
+        num_experts=num_experts,
+        top_k=top_k,
+        norm_topk_prob=family == "mixtral" or _flag(c, "norm_topk_prob"),
+        shared_expert_intermediate_size=_int(c, "shared_expert_intermediate_size", 0, minimum=0)
         if family == "qwen2_moe" else 0,
         qkv_bias=_qkv_bias(family, c),
-        o_proj_bias=family in ("olmoe", "qwen3_moe") and bool(c.get("attention_bias", False)),
+        o_proj_bias=family in ("olmoe", "qwen3_moe") and _flag(c, "attention_bias"),
         qk_norm={"olmoe": "full", "qwen3_moe": "head"}.get(family, "none"),  # type: ignore[arg-type]
-        clip_qkv=c.get("clip_qkv"),
-        rms_eps=c.get("rms_norm_eps", 1e-5),
-        rope_theta=rope.get("rope_theta", c.get("rope_theta", 10000.0)),
-        max_model_len=min(c.get("max_position_embeddings", 4096), MAX_ROPE_TABLE),
-        tie_embeddings=bool(c.get("tie_word_embeddings", False)),
-        eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
+        clip_qkv=_number(c, "clip_qkv", None),
+        rms_eps=_number(c, "rms_norm_eps", 1e-5),
+        rope_theta=_rope_theta(c, family),
+        max_model_len=min(_int(c, "max_position_embeddings", 4096), MAX_ROPE_TABLE),
+        tie_embeddings=_flag(c, "tie_word_embeddings"),
+        eos_token_ids=_eos_token_ids(c),
     )
 
 
-def _qkv_bias(family: Family | None, c: dict[str, Any]) -> bool:
+def _flag(c: dict[str, Any], key: str, default: bool = False) -> bool:
+    return _value(c, key, (bool,), default)
+
+
+def _head_dim(c: dict[str, Any], hidden: int, heads: int) -> int:
+    """`head_dim`, or hidden_size / num_attention_heads when the config does not give it."""
+    head_dim = _int(c, "head_dim", None)
+    if head_dim is not None:
+        return head_dim
+    _refuse(hidden % heads != 0, f"config.json: hidden_size ({hidden}) is not a multiple of "
+            f"num_attention_heads ({heads}) and head_dim is not given")
+    return hidden // heads
+
+
+DEFAULT_ROPE_THETA: dict[Family, float] = {"mixtral": 1e6}
+
+
+def _rope_theta(c: dict[str, Any], family: Family) -> float:
+    """rope_theta as transformers reads it (`rope_scaling` over `rope_parameters` over the top
+    level); rope scaling in either dict is refused."""
+    ropes = {key: _value(c, key, (dict,), {}) for key in ("rope_scaling", "rope_parameters")}
+    for key, rope in ropes.items():
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        _refuse(rope_type != "default",
+                f"unsupported rope scaling {rope_type!r} (config.json {key!r})")
+    theta = _number(c, "rope_theta", DEFAULT_ROPE_THETA.get(family, 10000.0))
+    return _number(ropes["rope_scaling"] or ropes["rope_parameters"], "rope_theta", theta)
+
+
+def _eos_token_ids(c: dict[str, Any]) -> tuple[int, ...]:
+    eos = _value(c, "eos_token_id", (int, list), [])
+    ids = eos if isinstance(eos, list) else [eos]
+    _refuse(not all(isinstance(i, int) and not isinstance(i, bool) for i in ids),
+            f"config.json: 'eos_token_id' must be an int or a list of ints, got {eos!r}")
+    return tuple(ids)
+
+
+def _qkv_bias(family: Family, c: dict[str, Any]) -> bool:
     """Qwen2-MoE reads `qkv_bias` (default on); OLMoE and Qwen3-MoE read `attention_bias`."""
     if family == "qwen2_moe":
-        return bool(c.get("qkv_bias", True))
-    return family != "mixtral" and bool(c.get("attention_bias", False))
+        return _flag(c, "qkv_bias", True)
+    return family != "mixtral" and _flag(c, "attention_bias")
 
 
 EXPERT_KEY = re.compile(
@@ -149,25 +238,10 @@ def load_safetensors(model: MoETransformer, path: Path) -> None:
     _refuse(not files, f"{path} holds no *.safetensors weights")
     params = dict(model.named_parameters())
     loaded: set[str] = set()
-    inter = model.cfg.moe_intermediate_size
     with torch.no_grad():
         for file in files:
-            with safe_open(str(file), framework="pt") as f:
-                for key in f.keys():  # noqa: SIM118 (safe_open is not iterable)
-                    name = key.removeprefix("model.").replace("block_sparse_moe", "mlp")
-                    tensor = f.get_tensor(key)
-                    m = EXPERT_KEY.fullmatch(name)
-                    if m:
-                        layer, expert, role = int(m[1]), int(m[2]), EXPERT_ROLE[m[3]]
-                        _copy_expert(model, layer, expert, role, tensor, inter)
-                        loaded.add(f"layers.{layer}.experts.{expert}.{role}")
-                    elif name == "lm_head.weight" and model.cfg.tie_embeddings:
-                        continue
-                    elif name in params:
-                        params[name].copy_(tensor)
-                        loaded.add(name)
-                    else:
-                        raise ValueError(f"unexpected tensor {key!r} in {file.name}")
+            for key, tensor in _read_tensors(file):
+                loaded.add(_load_tensor(model, params, file, key, tensor))
     expected = {n for n in params if ".w_" not in n}
     cfg = model.cfg
     expected |= {f"layers.{i}.experts.{e}.{r}" for i in range(cfg.num_layers)
@@ -178,13 +252,53 @@ def load_safetensors(model: MoETransformer, path: Path) -> None:
     _refuse(bool(missing), f"checkpoint {path} is missing tensors: {missing[:8]}")
 
 
-def _copy_expert(
-    model: MoETransformer, layer: int, expert: int, role: str, w: torch.Tensor, inter: int
-) -> None:
+def _read_tensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of one .safetensors file; a file that safetensors cannot read is named."""
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():  # noqa: SIM118 (safe_open is not iterable)
+                yield key, f.get_tensor(key)
+    except SafetensorError as e:
+        raise ValueError(f"cannot read {file}: {e}") from e
+
+
+def _load_tensor(
+    model: MoETransformer, params: dict[str, torch.nn.Parameter], file: Path, key: str,
+    tensor: torch.Tensor,
+) -> str:
+    """Copy checkpoint tensor `key` of `file` into the model; returns the name it stands for."""
+    where = f"tensor {key!r} in {file.name}"
+    name = key.removeprefix("model.").replace("block_sparse_moe", "mlp")
+    m = EXPERT_KEY.fullmatch(name)
+    if m:
+        cfg = model.cfg
+        layer, expert, role = int(m[1]), int(m[2]), EXPERT_ROLE[m[3]]
+        _refuse(layer >= cfg.num_layers or expert >= cfg.num_experts,
+                f"unexpected {where}: config.json has {cfg.num_layers} layers of "
+                f"{cfg.num_experts} experts")
+        _copy(_expert_weight(model, layer, expert, role), tensor, where)
+        return f"layers.{layer}.experts.{expert}.{role}"
+    if name == "lm_head.weight" and model.cfg.tie_embeddings:
+        return name
+    _refuse(name not in params, f"unexpected {where}")
+    _copy(params[name], tensor, where)
+    return name
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor, where: str) -> None:
+    """`dst.copy_(src)` once the shapes match exactly (copy_ would broadcast)."""
+    _refuse(src.shape != dst.shape,
+            f"{where} has shape {list(src.shape)}, expected {list(dst.shape)}")
+    _refuse(not src.is_floating_point(), f"{where} has dtype {src.dtype}, expected a float")
+    dst.copy_(src)
+
+
+def _expert_weight(model: MoETransformer, layer: int, expert: int, role: str) -> torch.Tensor:
+    """The [out, in] view (as checkpoints store it) of one expert's projection."""
     mlp = model.layers[layer].mlp
+    inter = model.cfg.moe_intermediate_size
     if role == "gate":
-        mlp.w_gate_up[expert, :, :inter].copy_(w.T)
-    elif role == "up":
-        mlp.w_gate_up[expert, :, inter:].copy_(w.T)
-    else:
-        mlp.w_down[expert].copy_(w.T)
+        return mlp.w_gate_up[expert, :, :inter].T
+    if role == "up":
+        return mlp.w_gate_up[expert, :, inter:].T
+    return mlp.w_down[expert].T

@@ -30,7 +30,10 @@ class FileTokenizer:
     """A Hugging Face tokenizer.json."""
 
     def __init__(self, path: Path) -> None:
-        self.tok = HFTokenizer.from_file(str(path))
+        try:
+            self.tok = HFTokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises a bare Exception for a malformed file
+            raise ValueError(f"cannot read {path}: {e}") from e
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text).ids

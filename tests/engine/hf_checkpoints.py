@@ -4,11 +4,14 @@ Every checkpoint is float32 with a 128-token vocabulary and a word-level `tokeni
 whose vocabulary is exactly that size, so generated ids always decode.
 """
 
+import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import (
     AutoModelForCausalLM,
@@ -97,6 +100,24 @@ def make_checkpoint(root: Path, name: str, seed: int = 0, tokenizer: bool = True
     if tokenizer:
         build_tokenizer().save(str(path / "tokenizer.json"))
     return path
+
+
+DELETE = object()  # as a config change: remove the key
+
+
+def rewrite_config(path: Path, **changes: object) -> None:
+    """Apply `changes` to the checkpoint's config.json (a change to DELETE removes the key)."""
+    cfg = json.loads((path / "config.json").read_text())
+    cfg.update(changes)
+    cfg = {key: value for key, value in cfg.items() if value is not DELETE}
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+def rewrite_tensors(path: Path, edit: Callable[[dict[str, torch.Tensor]], None]) -> None:
+    """Let `edit` change the tensors of the checkpoint's model.safetensors in place."""
+    tensors = load_file(path / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
 
 
 def load_reference(path: Path) -> PreTrainedModel:

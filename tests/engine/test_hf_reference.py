@@ -22,8 +22,9 @@ from hf_checkpoints import (
     load_reference,
     make_checkpoint,
     reference_logits,
+    rewrite_config,
+    rewrite_tensors,
 )
-from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 from transformers import PreTrainedModel
 
@@ -209,16 +210,10 @@ def test_moe_loop_backend_matches_transformers(
 # loading errors
 
 
-def _write_config(path: Path, **changes: object) -> None:
-    cfg = json.loads((path / "config.json").read_text())
-    cfg.update(changes)
-    (path / "config.json").write_text(json.dumps(cfg))
-
-
 def test_unsupported_family_is_refused(checkpoints: dict[str, Path], tmp_path: Path) -> None:
     path = tmp_path / "llama"
     shutil.copytree(checkpoints["mixtral"], path)
-    _write_config(path, model_type="llama", architectures=["LlamaForCausalLM"])
+    rewrite_config(path, model_type="llama", architectures=["LlamaForCausalLM"])
     with pytest.raises(ValueError, match="unsupported model family 'llama'"):
         LLMEngine(model=str(path))
 
@@ -254,9 +249,7 @@ def test_missing_tensor_is_named(
 ) -> None:
     path = tmp_path / name
     shutil.copytree(checkpoints[name], path)
-    tensors = load_file(path / "model.safetensors")
-    del tensors[key]
-    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    rewrite_tensors(path, lambda tensors: tensors.pop(key))
     with pytest.raises(ValueError, match="missing tensors") as err:
         LLMEngine(model=str(path))
     assert named in str(err.value)
