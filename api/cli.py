@@ -1,15 +1,19 @@
 """The `moescope` command line."""
 
 import argparse
+import contextlib
 import os
 import random
 import sys
 import time
+from collections.abc import Iterator
 
 import torch
 import uvicorn
+from uvicorn.config import LOG_LEVELS
 
 from api.app import create_app
+from api.cli_args import describe, int_at_least, non_negative, port, positive
 from api.demo import run_demo
 from api.load import add_load_arguments, main_load, percentile
 from api.server import build_loop, config_from_args
@@ -20,6 +24,34 @@ from engine import LLM, SamplingParams
 from engine.ep_ranks import serve_rank, torchrun_rank
 from engine.outputs import RequestOutput
 from storage import StorageError
+
+ENGINE_ERRORS = (ValueError, RuntimeError)
+WORDS = ["expert", "token", "router", "batch", "cache", "step", "layer", "prefill"]
+
+
+@contextlib.contextmanager
+def failing_as(command: str, *errors: type[Exception]) -> Iterator[None]:
+    """Exit with one line, `moescope COMMAND: message`, on any of `errors`."""
+    try:
+        yield
+    except errors as exc:
+        raise SystemExit(f"moescope {command}: {describe(exc)}") from None
+
+
+def _device(text: str) -> str:
+    """`cpu`, or `cuda` / `cuda:N` when this machine has that GPU."""
+    try:
+        dev = torch.device(text)
+    except RuntimeError:
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"must be cpu, cuda or cuda:N, got {text!r}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text!r}: CUDA is not available on this machine")
+    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return text
 
 
 def summarize(outputs: list[RequestOutput], wall_s: float) -> str:
@@ -40,22 +72,37 @@ def summarize(outputs: list[RequestOutput], wall_s: float) -> str:
     return "\n".join(lines)
 
 
+def workload(
+    llm: LLM, num_prompts: int, max_tokens: int, seed: int
+) -> tuple[list[list[int]], list[SamplingParams]]:
+    """Seeded prompts of 4-60 words and output lengths of 8 (or less) to `max_tokens`, each
+    prompt cut so that it and its output fit the model's context."""
+    context = llm.engine.model_config.max_model_len
+    if max_tokens >= context:
+        raise ValueError(f"--max-tokens {max_tokens} leaves no room for a prompt in the "
+                         f"model's context of {context} tokens; use at most {context - 1}")
+    rng = random.Random(seed)
+    texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 60)))
+             for _ in range(num_prompts)]
+    params = [SamplingParams(max_tokens=rng.randint(min(8, max_tokens), max_tokens),
+                             temperature=0.0, ignore_eos=True) for _ in texts]
+    prompts = [llm.tokenizer.encode(text)[:context - p.max_tokens]
+               for text, p in zip(texts, params, strict=True)]
+    return prompts, params
+
+
 def cmd_generate(args: argparse.Namespace) -> None:
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, num_kv_blocks=args.kv_blocks,
-              max_num_seqs=args.max_num_seqs)
-    rng = random.Random(args.seed)
-    words = ["expert", "token", "router", "batch", "cache", "step", "layer", "prefill"]
-    prompts = [" ".join(rng.choice(words) for _ in range(rng.randint(4, 60)))
-               for _ in range(args.num_prompts)]
-    params = [SamplingParams(max_tokens=rng.randint(8, args.max_tokens), temperature=0.0,
-                             ignore_eos=True) for _ in prompts]
-    start = time.perf_counter()
-    outputs = llm.generate(prompts, params)
+    with failing_as("generate", *ENGINE_ERRORS):
+        llm = LLM(args.model, dtype=args.dtype, device=args.device,
+                  num_kv_blocks=args.kv_blocks, max_num_seqs=args.max_num_seqs)
+        prompts, params = workload(llm, args.num_prompts, args.max_tokens, args.seed)
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params)
     print(summarize(outputs, time.perf_counter() - start))
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    if args.threads:
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
     settings = ServerSettings.from_env(
         model_name=args.served_model_name or args.model, api_key=args.api_key,
@@ -77,14 +124,10 @@ def cmd_serve(args: argparse.Namespace) -> None:
     if rank:
         serve_rank(config_from_args(args.model, **engine_args))
         return
-    try:
+    with failing_as("serve", *ENGINE_ERRORS):
         loop = build_loop(args.model, **engine_args)
-    except (ValueError, RuntimeError) as exc:
-        raise SystemExit(f"moescope serve: {exc}") from None
-    try:
+    with failing_as("serve", StorageError):
         app = create_app(loop, settings)
-    except StorageError as exc:
-        raise SystemExit(f"moescope serve: {exc}") from None
     recording = "off" if args.no_record else app.state.store.display_url
     print(f"moescope: serving {settings.model_name} on http://{args.host}:{args.port} "
           f"(telemetry ws://{args.host}:{args.port}/ws/telemetry; session "
@@ -108,15 +151,13 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="synthetic:small", help="synthetic:<preset> or a directory")
     p.add_argument("--served-model-name", default=None, help="name in /v1/models (--model)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=port, default=8000)
     p.add_argument("--api-key", default=None, help="required as Bearer (or MOESCOPE_API_KEY)")
     p.add_argument("--admin-key", default=None,
                    help="required for PATCH /api/knobs (or MOESCOPE_ADMIN_KEY)")
     _model_arguments(p)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--kv-blocks", type=int, default=2048)
     p.add_argument("--block-size", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--max-prompt-tokens", type=int, default=None,
                    help="longest prompt accepted (default: the model's context - 1)")
@@ -130,8 +171,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-record", action="store_true", help="do not record this run")
     p.add_argument("--record-buffer", type=int, default=2048,
                    help="steps buffered while the database is slow or gone, then dropped")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
-    p.add_argument("--log-level", default="warning")
+    p.add_argument("--threads", type=int_at_least(1), default=None,
+                   help="torch threads (default: torch's choice)")
+    p.add_argument("--log-level", type=str.lower, default="warning", choices=list(LOG_LEVELS))
     ep = p.add_mutually_exclusive_group()
     ep.add_argument("--ep", type=int, default=None, metavar="N",
                     help="expert parallel over N processes (gloo/NCCL); measured all-to-all")
@@ -143,8 +185,12 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _model_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments shared by `generate` and `serve`."""
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="cpu", help="cpu or cuda (Triton kernels on cuda)")
+    p.add_argument("--device", type=_device, default="cpu",
+                   help="cpu or cuda (Triton kernels on cuda)")
+    p.add_argument("--kv-blocks", type=int_at_least(1), default=2048)
+    p.add_argument("--max-num-seqs", type=int_at_least(1), default=64)
 
 
 def cmd_dashboard(args: argparse.Namespace) -> None:
@@ -157,10 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="offline generation run with a throughput summary")
     gen.add_argument("--model", default="synthetic:small")
     _model_arguments(gen)
-    gen.add_argument("--num-prompts", type=int, default=64)
-    gen.add_argument("--max-tokens", type=int, default=96)
-    gen.add_argument("--max-num-seqs", type=int, default=64)
-    gen.add_argument("--kv-blocks", type=int, default=2048)
+    gen.add_argument("--num-prompts", type=int_at_least(1), default=64)
+    gen.add_argument("--max-tokens", type=int_at_least(1), default=96)
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(func=cmd_generate)
     _serve_parser(sub)
@@ -168,10 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_load_arguments(load)
     load.set_defaults(func=cmd_load)
     demo = sub.add_parser("demo", help="server on synthetic:small with a load running against it")
-    demo.add_argument("--port", type=int, default=8000)
-    demo.add_argument("--rate", type=float, default=3.0, help="requests per second")
-    demo.add_argument("--duration", type=float, default=0.0, help="seconds; 0 = until Ctrl-C")
-    demo.add_argument("--dashboard-port", type=int, default=8501)
+    demo.add_argument("--port", type=port, default=8000)
+    demo.add_argument("--rate", type=positive, default=3.0, help="requests per second")
+    demo.add_argument("--duration", type=non_negative, default=0.0,
+                      help="seconds; 0 = until Ctrl-C")
+    demo.add_argument("--dashboard-port", type=port, default=8501)
     demo.add_argument("--ep-size", type=int, default=4,
                       help="expert-parallel ranks modeled in the server's one process")
     demo.add_argument("--ep", type=int, default=None, metavar="N",
@@ -179,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
     dash = sub.add_parser("dashboard", help="the Streamlit dashboard for a running server")
     dash.add_argument("--url", default="http://127.0.0.1:8000", help="moescope server URL")
-    dash.add_argument("--port", type=int, default=8501)
+    dash.add_argument("--port", type=port, default=8501)
     dash.set_defaults(func=cmd_dashboard)
     add_session_commands(sub)
     return parser

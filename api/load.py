@@ -25,6 +25,8 @@ from typing import Any
 
 import httpx
 
+from api.cli_args import describe, non_negative, positive
+
 WORDS = ("expert", "token", "router", "batch", "cache", "step", "layer", "prefill", "decode",
          "block", "slot", "queue", "knob", "shard", "gate", "kernel")
 
@@ -76,8 +78,10 @@ def poisson_arrivals(
     rate: float, duration: float, prompt: Dist, output: Dist, seed: int
 ) -> Iterator[Arrival]:
     """Arrivals in [0, duration) (duration <= 0: forever); gaps and lengths are seeded."""
-    if rate <= 0:
-        raise ValueError("rate must be positive")
+    if not (math.isfinite(rate) and rate > 0):
+        raise ValueError(f"rate must be a finite number > 0, got {rate}")
+    if math.isnan(duration):
+        raise ValueError("duration must be a number")
     gaps, lengths = random.Random(seed), random.Random(seed + 1)
     t = 0.0
     while True:
@@ -87,8 +91,13 @@ def poisson_arrivals(
         yield Arrival(round(t, 6), prompt.sample(lengths), output.sample(lengths))
 
 
+def trace_text(arrivals: Iterable[Arrival]) -> str:
+    """Arrivals as trace JSONL."""
+    return "".join(json.dumps(asdict(a)) + "\n" for a in arrivals)
+
+
 def save_trace(path: Path, arrivals: Iterable[Arrival]) -> None:
-    path.write_text("".join(json.dumps(asdict(a)) + "\n" for a in arrivals))
+    path.write_text(trace_text(arrivals))
 
 
 def load_trace(path: Path) -> list[Arrival]:
@@ -98,7 +107,10 @@ def load_trace(path: Path) -> list[Arrival]:
             continue
         try:
             rec = json.loads(line)
-            out.append(Arrival(float(rec["t"]), int(rec["prompt_len"]), int(rec["output_len"])))
+            arrival = Arrival(float(rec["t"]), int(rec["prompt_len"]), int(rec["output_len"]))
+            if not math.isfinite(arrival.t):
+                raise ValueError(f"t is {arrival.t}")
+            out.append(arrival)
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"{path}:{n}: bad trace line ({exc})") from None
     return sorted(out, key=lambda a: a.t)
@@ -233,9 +245,8 @@ async def run_load(
         start = time.perf_counter()
         try:
             for arrival in arrivals:
-                delay = start + arrival.t - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
+                # sleep(0) still yields, so a burst cannot starve the loop (or Ctrl-C)
+                await asyncio.sleep(max(0.0, start + arrival.t - time.perf_counter()))
                 tasks.append(asyncio.create_task(run(arrival, make_prompt(arrival.prompt_len,
                                                                           rng))))
                 progress.sent += 1
@@ -309,14 +320,14 @@ def add_load_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL")
     p.add_argument("--api-key", default=None, help="Bearer key (or MOESCOPE_API_KEY)")
     p.add_argument("--model", default=None, help="model name (default: the server's first)")
-    p.add_argument("--rate", type=float, default=2.0, help="mean arrivals per second")
-    p.add_argument("--duration", type=float, default=30.0,
+    p.add_argument("--rate", type=positive, default=2.0, help="mean arrivals per second")
+    p.add_argument("--duration", type=non_negative, default=30.0,
                    help="seconds of arrivals; 0 = until interrupted")
     p.add_argument("--prompt-len", type=parse_dist, default=parse_dist("uniform:16:256"))
     p.add_argument("--output-len", type=parse_dist, default=parse_dist("uniform:16:128"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
+    p.add_argument("--timeout", type=positive, default=600.0, help="per-request timeout (s)")
     p.add_argument("--save-trace", type=Path, default=None, help="write the arrivals as JSONL")
     p.add_argument("--trace", type=Path, default=None,
                    help="replay arrivals from JSONL (ignores rate, duration and lengths)")
@@ -324,17 +335,35 @@ def add_load_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true")
 
 
-def main_load(args: argparse.Namespace) -> int:
+def _arrivals(args: argparse.Namespace) -> Iterable[Arrival]:
+    """The trace's arrivals, or Poisson ones; saved first with `--save-trace`."""
     if args.trace is not None:
-        arrivals: Iterable[Arrival] = load_trace(args.trace)
+        try:
+            arrivals: Iterable[Arrival] = load_trace(args.trace)
+        except OSError as exc:
+            raise SystemExit(f"moescope load: cannot read {args.trace}: {describe(exc)}") from None
+        except ValueError as exc:
+            raise SystemExit(f"moescope load: {exc}") from None
     else:
         arrivals = poisson_arrivals(args.rate, args.duration, args.prompt_len, args.output_len,
                                     args.seed)
     if args.save_trace is not None:
         if args.trace is None and args.duration <= 0:
-            raise SystemExit("--save-trace needs a finite --duration")
+            raise SystemExit("moescope load: --save-trace needs a finite --duration")
         arrivals = list(arrivals)
-        save_trace(args.save_trace, arrivals)
+        _write(args.save_trace, trace_text(arrivals))
+    return arrivals
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        raise SystemExit(f"moescope load: cannot write {path}: {describe(exc)}") from None
+
+
+def main_load(args: argparse.Namespace) -> int:
+    arrivals = _arrivals(args)
     api_key = args.api_key or os.environ.get("MOESCOPE_API_KEY")
     try:
         summary = asyncio.run(run_load(
@@ -342,10 +371,10 @@ def main_load(args: argparse.Namespace) -> int:
             temperature=args.temperature, timeout_s=args.timeout,
             progress_stream=None if args.no_progress else sys.stderr))
     except httpx.HTTPError as exc:
-        print(f"moescope load: cannot reach {args.url}: {exc}", file=sys.stderr)
+        print(f"moescope load: cannot reach {args.url}: {describe(exc)}", file=sys.stderr)
         return 2
     print(format_summary(summary))
     if args.summary_json is not None:
-        args.summary_json.write_text(json.dumps(summary, indent=2) + "\n")
+        _write(args.summary_json, json.dumps(summary, indent=2) + "\n")
     return 0 if summary["ok"] or not summary["requests"] else 1
 

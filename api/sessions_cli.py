@@ -3,12 +3,12 @@
 import argparse
 import datetime as dt
 import json
-import math
 import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
+from api.cli_args import int_at_least, non_negative
 from storage import DEFAULT_URL, SessionNotFound, SessionOpen, StorageError, Store
 from storage import queries as q
 from storage.export import TABLES, write_jsonl, write_parquet
@@ -130,28 +130,6 @@ def cmd_replay(store: Store, args: argparse.Namespace) -> None:
         pass
 
 
-def _speed(text: str) -> float:
-    """--speed: a finite number >= 0."""
-    try:
-        speed = float(text)
-    except ValueError:
-        speed = math.nan
-    if not math.isfinite(speed) or speed < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return speed
-
-
-def _step(text: str) -> int:
-    """--from: a step number >= 0."""
-    try:
-        step = int(text)
-    except ValueError:
-        step = -1
-    if step < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return step
-
-
 def _run(func: Callable[[Store, argparse.Namespace], None]) -> Callable[[argparse.Namespace], None]:
     def run(args: argparse.Namespace) -> None:
         name = " ".join(filter(None, ("moescope", args.command, getattr(args, "action", None))))
@@ -203,7 +181,7 @@ def add_session_commands(sub: argparse._SubParsersAction) -> None:
         _db_arg(p)
     p = sub.add_parser("replay", help="print a recorded session's steps at their pace")
     p.add_argument("id")
-    p.add_argument("--speed", type=_speed, default=1.0, help="0 = as fast as possible")
-    p.add_argument("--from", type=_step, default=0, help="first step")
+    p.add_argument("--speed", type=non_negative, default=1.0, help="0 = as fast as possible")
+    p.add_argument("--from", type=int_at_least(0), default=0, help="first step")
     _db_arg(p)
     p.set_defaults(func=_run(cmd_replay))
