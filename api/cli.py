@@ -22,6 +22,7 @@ from api.settings import ServerSettings
 from dashboard.__main__ import main as dashboard_main
 from engine import LLM, SamplingParams
 from engine.ep_ranks import serve_rank, torchrun_rank
+from engine.model.tokenizer import NoTokenizer
 from engine.outputs import RequestOutput
 from storage import StorageError
 
@@ -75,8 +76,9 @@ def summarize(outputs: list[RequestOutput], wall_s: float) -> str:
 def workload(
     llm: LLM, num_prompts: int, max_tokens: int, seed: int
 ) -> tuple[list[list[int]], list[SamplingParams]]:
-    """Seeded prompts of 4-60 words and output lengths of 8 (or less) to `max_tokens`, each
-    prompt cut so that it and its output fit the model's context."""
+    """Seeded prompts of 4-60 words (random token ids, two per word, for a checkpoint without
+    a tokenizer) and output lengths of 8 (or less) to `max_tokens`, each prompt cut so that it
+    and its output fit the model's context."""
     context = llm.engine.model_config.max_model_len
     if max_tokens >= context:
         raise ValueError(f"--max-tokens {max_tokens} leaves no room for a prompt in the "
@@ -86,8 +88,10 @@ def workload(
              for _ in range(num_prompts)]
     params = [SamplingParams(max_tokens=rng.randint(min(8, max_tokens), max_tokens),
                              temperature=0.0, ignore_eos=True) for _ in texts]
-    prompts = [llm.tokenizer.encode(text)[:context - p.max_tokens]
-               for text, p in zip(texts, params, strict=True)]
+    vocab = llm.engine.model_config.vocab_size
+    encoded = ([[rng.randrange(vocab) for _ in range(2 * len(text.split()))] for text in texts]
+               if isinstance(llm.tokenizer, NoTokenizer) else map(llm.tokenizer.encode, texts))
+    prompts = [ids[:context - p.max_tokens] for ids, p in zip(encoded, params, strict=True)]
     return prompts, params
 
 

@@ -4,6 +4,7 @@ and its children."""
 import importlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -164,6 +165,16 @@ def test_generate_prompts_fit_a_short_context(
     assert _exit_line(["generate", "--model", str(short_context), "--max-tokens", "256"]) == (
         "moescope generate: --max-tokens 256 leaves no room for a prompt in the model's "
         "context of 256 tokens; use at most 255")
+
+
+def test_generate_without_a_tokenizer_uses_token_ids(
+    short_context: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bare = tmp_path / "bare"
+    shutil.copytree(short_context, bare)
+    (bare / "tokenizer.json").unlink()
+    main(["generate", "--model", str(bare), "--num-prompts", "4", "--max-tokens", "8"])
+    assert re.search(r"^requests +4$", capsys.readouterr().out, re.M)
 
 
 def _free_port() -> int:
