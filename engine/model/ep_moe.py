@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.model.context import RankStats
-from engine.model.grouping import count, group_by_expert
+from engine.model.grouping import count, fits_capacity, group_by_expert
 from engine.parallel import LayerPlacement
 from kernels import moe_experts
 
@@ -34,15 +34,16 @@ def ep_experts(
 ) -> torch.Tensor:
     """Routed expert output [n, H] for this rank's rows x [n, H] (rows first_row..)."""
     k, slots = experts.shape[1], layer.num_local
+    pairs = _within_capacity(experts, block.num_experts, capacity, group, stats)
     dest, local = layer.destinations(experts, first_row)
-    key = dest * slots + local
-    order = torch.sort(key, stable=True).indices
+    key = (dest * slots + local).flatten()[pairs]
+    order = pairs[torch.sort(key, stable=True).indices]
     send_counts = count(key, group.size * slots).view(group.size, slots)
     received_counts = group.exchange_counts(send_counts)
     send, receive = send_counts.sum(1).tolist(), received_counts.sum(1).tolist()
     received = group.all_to_all(x[order // k], send, receive)
     t0 = time.perf_counter()
-    y = _local_experts(received, received_counts, block, capacity, stats)
+    y = _local_experts(received, received_counts, block)
     stats.compute_s += time.perf_counter() - t0
     back = group.all_to_all(y, receive, send)
     row_bytes = x.shape[1] * x.element_size()
@@ -54,19 +55,29 @@ def ep_experts(
     return torch.zeros_like(x).index_add_(0, order // k, scaled)
 
 
-def _local_experts(
-    received: torch.Tensor,
-    counts: torch.Tensor,
-    block: "MoEBlock",
-    capacity: int | None,
+def _within_capacity(
+    experts: torch.Tensor, num_experts: int, capacity: int | None, group: "EPGroup",
     stats: RankStats,
 ) -> torch.Tensor:
+    """Indices of this rank's pairs that fit their expert's capacity, counted over the whole
+    batch in token order (ranks hold consecutive rows), as one process would count them."""
+    flat = experts.flatten()
+    if capacity is None:
+        stats.dropped.append(0)
+        return torch.arange(flat.numel(), device=flat.device)
+    every = group.gather_stats(count(flat, num_experts).double()).long().to(flat.device)
+    keep = fits_capacity(flat, num_experts, capacity, every[: group.rank].sum(0))
+    stats.dropped.append(int((~keep).sum()))
+    return keep.nonzero().squeeze(1)
+
+
+def _local_experts(received: torch.Tensor, counts: torch.Tensor, block: "MoEBlock"
+                   ) -> torch.Tensor:
     """This rank's experts over the rows it received ([sources, slots] counts), in that order."""
     sources, slots = counts.shape
     slot_ids = torch.arange(slots, device=received.device).repeat(sources)
     slot_of_row = slot_ids.repeat_interleave(counts.flatten().to(received.device))
-    order, kept, _, dropped = group_by_expert(slot_of_row, slots, capacity)
-    stats.dropped.append(int(dropped))
+    order, kept, _, _ = group_by_expert(slot_of_row, slots, None)
     if received.shape[0] == 0:
         return received
     hosted = block.w_gate_up.shape[0]

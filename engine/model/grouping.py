@@ -27,8 +27,25 @@ def group_by_expert(
     routed = count(flat, num_experts)
     if capacity is None:
         return order, routed, routed, torch.zeros((), dtype=torch.long, device=flat.device)
+    keep = fits_capacity(flat, num_experts, capacity)
+    return order[keep[order]], routed.clamp(max=capacity), routed, (~keep).sum()
+
+
+def fits_capacity(
+    flat: torch.Tensor, num_experts: int, capacity: int, earlier: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Which pairs (in token order) fit their expert's capacity, once `earlier[e]` pairs of
+    expert e were taken by rows before these (another rank's share of the batch)."""
+    order = torch.sort(flat, stable=True).indices
+    routed = count(flat, num_experts)
     starts = torch.cumsum(routed, 0) - routed
-    rank = torch.arange(flat.numel(), device=flat.device) - starts[flat[order]]
-    keep = rank < capacity
-    kept = routed.clamp(max=capacity)
-    return order[keep], kept, routed, (~keep).sum()
+    if earlier is not None:
+        starts = starts - earlier
+    keep = torch.empty_like(flat, dtype=torch.bool)
+    keep[order] = torch.arange(flat.numel(), device=flat.device) - starts[flat[order]] < capacity
+    return keep
+
+
+def kept_mask(order: torch.Tensor, num_pairs: int) -> torch.Tensor:
+    """The pairs (in token order) that `order`, an order of kept pairs, holds."""
+    return torch.zeros(num_pairs, dtype=torch.bool, device=order.device).index_fill_(0, order, True)

@@ -9,7 +9,7 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.model.context import ForwardContext
 from engine.model.ep_moe import ep_experts
-from engine.model.grouping import count, expert_capacity, group_by_expert
+from engine.model.grouping import count, expert_capacity, group_by_expert, kept_mask
 from kernels import moe_experts
 
 
@@ -77,14 +77,16 @@ class MoEBlock(nn.Module):
         keep = None if ctx.row_valid is None else ctx.row_valid.repeat_interleave(self.top_k)
         ctx.expert_counts.append(routed if keep is None
                                  else count(experts.flatten(), self.num_experts, keep))
-        ctx.rank_pairs.append(self._rank_pairs(experts, ctx, keep))
+        computed = keep if cap is None else kept_mask(order, experts.numel())
+        ctx.rank_pairs.append(self._rank_pairs(experts, ctx, computed))
         ctx.expert_dropped.append(dropped)
         return out
 
     def _rank_pairs(
         self, experts: torch.Tensor, ctx: ForwardContext, keep: torch.Tensor | None
     ) -> torch.Tensor:
-        """Pairs of real rows per (source rank, computing rank) under the placement."""
+        """Pairs computed (real rows, within capacity) per (source rank, computing rank) under
+        the placement."""
         if ctx.placement is None or ctx.placement.ep_size == 1:
             return count(torch.zeros_like(experts.flatten()), 1, keep).view(1, 1)
         ep = ctx.placement.ep_size

@@ -113,6 +113,24 @@ def test_rebalance_keeps_outputs_and_lowers_rank_imbalance(ranks2) -> None:
     assert busiest(tele) < busiest(before) - 0.1
 
 
+def test_capacity_counts_each_expert_once_across_its_replicas(ranks2) -> None:
+    """After the rebalance above, hot experts have 2 copies: each expert still takes at most
+    its capacity of pairs in the batch, the same pairs as in one process."""
+    assert max(int(layer.replicas.max()) for layer in ranks2.placement.layers) > 1
+    ranks2.update_knobs(expert_capacity_factor=0.75)
+    fresh = make_prompts(10, seed=8)
+    got, tele = run_staggered(ranks2, fresh, PARAMS)
+    ranks2.update_knobs(expert_capacity_factor=None)
+    single = LLMEngine(ep_size=2, expert_capacity_factor=0.75, **ARGS)
+    want, want_tele = run_staggered(single, fresh, PARAMS)
+    _assert_same_outputs(got, want)
+    dropped = [t["experts"]["dropped"] for t in tele]
+    assert dropped == [t["experts"]["dropped"] for t in want_tele] and sum(map(sum, dropped))
+    for t in tele + want_tele:  # pairs computed leave the dropped ones out
+        routed = sum(map(sum, t["experts"]["counts"]))
+        assert sum(t["a2a"]["rank_tokens"]) == routed - sum(t["experts"]["dropped"])
+
+
 def test_a_dead_rank_fails_requests_clearly_instead_of_hanging(ranks2) -> None:
     """Last in this module: it kills the shared engine's rank 1 mid-request."""
     loop = EngineLoop(ranks2)
