@@ -257,6 +257,11 @@ class LLMEngine:
         Recorded like a knob change (a new knobs version). Raises ValueError when there is
         nothing to rebalance.
         """
+        return self._switch(*self._plan(window, replicas), replicas, origin)
+
+    def _plan(self, window: int, replicas: int) -> tuple[Placement, float, float, int]:
+        """A placement for the last `window` steps' loads, the predicted imbalance before and
+        after it, and the number of steps it saw."""
         old = self.placement
         if old.ep_size == 1:
             raise ValueError("nothing to rebalance: ep_size is 1 (start with --ep N or "
@@ -269,7 +274,12 @@ class LLMEngine:
             raise ValueError("no expert load recorded yet: rebalance after some steps ran")
         loads = torch.stack(recent).sum(0)
         new = rebalance(loads, old, replicas)
-        before, after = predicted_imbalance(old, loads), predicted_imbalance(new, loads)
+        return new, predicted_imbalance(old, loads), predicted_imbalance(new, loads), len(recent)
+
+    def _switch(self, new: Placement, before: float, after: float, steps: int, replicas: int,
+                origin: str) -> dict[str, Any]:
+        """Move the weights to `new` and record the change."""
+        old = self.placement
         self._apply_knobs()
         moved = self.runner.rebalance(new)
         self._since_rebalance = 0
@@ -283,14 +293,18 @@ class LLMEngine:
         self.knob_changes.append(change)
         self._unreported.append(change)
         return {"placement_version": new.version, "knobs_version": version,
-                "window_steps": len(recent), "replicas": replicas,
+                "window_steps": steps, "replicas": replicas,
                 "imbalance_before": before, "imbalance_after": after, "moved_bytes": moved,
                 "placement": new.slots()}
 
     def _auto_rebalance(self) -> None:
         interval = self.knobs.eplb_interval_steps
         if interval is not None and self._since_rebalance >= interval and self._loads:
-            self.rebalance(interval, self.knobs.eplb_replicas, origin="auto")
+            replicas = self.knobs.eplb_replicas
+            new, before, after, steps = self._plan(interval, replicas)
+            self._since_rebalance = 0
+            if after < before:  # never move weights for a placement predicted to be no better
+                self._switch(new, before, after, steps, replicas, "auto")
 
     # the step
 
