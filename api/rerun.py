@@ -8,9 +8,11 @@ to its recorded output length, greedy with ignore_eos, under the engine's curren
 import asyncio
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from api.metrics import Metrics
 from engine.loop import EngineDead, EngineLoop
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
@@ -61,8 +63,11 @@ class Rerun:
                 "speed": self.speed, "done": self.done, "errors": self.errors[:5]}
 
 
-async def run_rerun(rerun: Rerun, loop: EngineLoop, recorder: Recorder) -> None:
-    """Submit the trace at its offsets, wait for every request, then end the session."""
+async def run_rerun(
+    rerun: Rerun, loop: EngineLoop, recorder: Recorder, metrics: Metrics | None = None
+) -> None:
+    """Submit the trace at its offsets, wait for every request, then end the session; each
+    ended request is counted in `metrics` like one served over HTTP."""
     aloop = asyncio.get_running_loop()
     all_done = asyncio.Event()
     vocab = loop.engine.model_config.vocab_size
@@ -71,13 +76,21 @@ async def run_rerun(rerun: Rerun, loop: EngineLoop, recorder: Recorder) -> None:
         if rerun.finished + rerun.failed >= len(rerun.trace):
             all_done.set()
 
-    def finished_one() -> None:
+    def finished_one(out: RequestOutput, prompt_len: int, sent: float) -> None:
         rerun.finished += 1
+        if metrics is not None:
+            metrics.observe_request(out.finish_reason or "stop", prompt_len,
+                                    len(out.token_ids), time.time() - sent)
         settle()
 
-    def on_output(out: RequestOutput) -> None:
-        if out.finished:
-            aloop.call_soon_threadsafe(finished_one)
+    def on_output_of(prompt_len: int) -> Callable[[RequestOutput], None]:
+        sent = time.time()
+
+        def on_output(out: RequestOutput) -> None:
+            if out.finished:
+                aloop.call_soon_threadsafe(finished_one, out, prompt_len, sent)
+
+        return on_output
 
     start = time.monotonic()
     try:
@@ -89,7 +102,7 @@ async def run_rerun(rerun: Rerun, loop: EngineLoop, recorder: Recorder) -> None:
                                     ignore_eos=True)
             prompt = synth_prompt(f"{rerun.session}:{i}", item.prompt_len, vocab)
             try:
-                loop.submit(prompt, params, on_output)
+                loop.submit(prompt, params, on_output_of(len(prompt)))
                 rerun.submitted += 1
             except (ValueError, EngineDead) as exc:
                 rerun.failed += 1

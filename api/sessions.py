@@ -195,6 +195,6 @@ async def rerun_session(
         "rerun", parent_id=session_id, label=f"rerun of {session_id}",
         **session_meta(loop, app.state.settings.model_name))
     rerun = Rerun(new, session_id, trace_of(records), speed)
-    rerun.task = asyncio.create_task(run_rerun(rerun, loop, recorder))
+    rerun.task = asyncio.create_task(run_rerun(rerun, loop, recorder, app.state.metrics))
     app.state.rerun = rerun
     return rerun.progress()

@@ -129,7 +129,10 @@ def test_export_jsonl_and_parquet(recorded: Recorded) -> None:
     assert table.column("step").to_pylist() == list(range(n_steps))
     assert len(table.column("expert_counts")[0].as_py()) == 2  # layers of synthetic:tiny
     steps = [x for x in lines if x["type"] == "step"]
-    for column, key in (("a2a_bytes", "bytes"), ("a2a_gather_bytes", "gather_bytes")):
+    for column, key in (("a2a_bytes", "bytes"), ("a2a_gather_bytes", "gather_bytes"),
+                        ("a2a_ep_size", "ep_size"), ("a2a_rank_tokens", "rank_tokens"),
+                        ("a2a_rank_moe_ms", "rank_moe_ms"), ("a2a_imbalance", "imbalance"),
+                        ("a2a_placement_version", "placement_version")):
         assert table.column(column).to_pylist() == [s["a2a"][key] for s in steps]
     meta = json.loads(table.schema.metadata[b"moescope.session"])
     assert meta["id"] == recorded.session
@@ -194,7 +197,8 @@ def test_replay_refuses_bad_requests(recorded: Recorded, path: str, code: int, w
 
 @pytest.fixture(scope="module")
 def rerun(recorded: Recorded) -> str:
-    """A rerun of the recorded session, finished."""
+    """A rerun of the recorded session, finished (its requests counted in /metrics)."""
+    served_before = _requests_served(recorded)
     resp = httpx.post(recorded.url + f"/api/sessions/{recorded.session}/rerun?speed=2")
     assert resp.status_code == 202, resp.text
     new = resp.json()["session"]
@@ -203,7 +207,15 @@ def rerun(recorded: Recorded) -> str:
     wait_for(lambda: recorded.get(f"/api/sessions/{new}").json().get("ended_t") is not None,
              timeout=60, what="the rerun to finish")
     assert _recorder(recorded.served).flush()
+    assert _requests_served(recorded) == served_before + len(PROMPTS)
     return new
+
+
+def _requests_served(recorded: Recorded) -> float:
+    """moescope:request_success_total summed over finish reasons."""
+    text = recorded.get("/metrics").text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("moescope:request_success_total{"))
 
 
 def test_a_rerun_is_a_linked_session_with_the_same_request_trace(recorded: Recorded,
