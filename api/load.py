@@ -96,10 +96,6 @@ def trace_text(arrivals: Iterable[Arrival]) -> str:
     return "".join(json.dumps(asdict(a)) + "\n" for a in arrivals)
 
 
-def save_trace(path: Path, arrivals: Iterable[Arrival]) -> None:
-    path.write_text(trace_text(arrivals))
-
-
 def load_trace(path: Path) -> list[Arrival]:
     out = []
     for n, line in enumerate(path.read_text().splitlines(), 1):

@@ -16,7 +16,7 @@ from api.load import (
     parse_dist,
     poisson_arrivals,
     run_load,
-    save_trace,
+    trace_text,
 )
 
 
@@ -47,7 +47,7 @@ def test_poisson_arrivals_are_seeded_and_open_loop() -> None:
 def test_trace_round_trip(tmp_path: Path) -> None:
     arrivals = [Arrival(0.5, 10, 4), Arrival(0.1, 20, 8)]
     path = tmp_path / "trace.jsonl"
-    save_trace(path, arrivals)
+    path.write_text(trace_text(arrivals))
     assert json.loads(path.read_text().splitlines()[0]) == {"t": 0.5, "prompt_len": 10,
                                                              "output_len": 4}
     assert load_trace(path) == sorted(arrivals, key=lambda a: a.t)
