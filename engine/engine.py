@@ -128,7 +128,7 @@ class LLMEngine:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
         elif request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        req = Request(ids, params, request_id, arrival or time.time())
+        req = Request(ids, params, request_id, time.time() if arrival is None else arrival)
         self.requests[req.request_id] = req
         self.scheduler.add(req)
         self._arrived += 1

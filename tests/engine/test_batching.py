@@ -140,6 +140,7 @@ def test_bad_requests_are_refused_before_state_changes() -> None:
         with pytest.raises(ValueError, match="request_id must be a non-empty string"):
             engine.add_request([1, 2], request_id=bad_id)
     assert list(engine.requests) == ["a"]
+    assert engine.requests[engine.add_request([1, 2], arrival=0.0)].arrival == 0.0
 
 
 def test_automatic_ids_skip_ids_a_caller_took() -> None:
