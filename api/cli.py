@@ -4,6 +4,7 @@ import argparse
 import contextlib
 import os
 import random
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -235,6 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    # A command started in the background by a non-interactive shell inherits SIGINT ignored;
+    # every moescope command stops on SIGINT all the same (the demo stops its children so).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     args = build_parser().parse_args(argv)
     args.func(args)
 

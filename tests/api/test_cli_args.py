@@ -84,6 +84,22 @@ def test_nan_rate_exits_at_once_from_the_real_command() -> None:
     assert done.stderr.splitlines()[-1].endswith("must be a finite number > 0, got 'nan'")
 
 
+def test_sigint_stops_a_command_that_inherited_it_ignored() -> None:
+    """As a background job of a non-interactive shell (or the demo's child) would."""
+    load = subprocess.Popen(
+        [*MOESCOPE, "load", "--url", "http://127.0.0.1:9", "--model", "m", "--rate", "2",
+         "--duration", "0", "--no-progress"], stdout=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        time.sleep(3)
+        assert load.poll() is None  # still sending (every request fails: nothing listens)
+        load.send_signal(signal.SIGINT)
+        out, _ = load.communicate(timeout=30)
+    finally:
+        load.kill()
+    assert re.search(r"^requests +\d+ sent", out, re.M)
+
+
 @pytest.mark.parametrize("rate", [float("nan"), float("inf"), 0.0, -1.0])
 def test_poisson_arrivals_refuse_a_rate_that_never_ends(rate: float) -> None:
     with pytest.raises(ValueError, match="rate must be a finite number > 0"):
