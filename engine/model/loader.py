@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
+from tqdm import tqdm
 
 from engine.config import Family, ModelConfig
 from engine.model.tokenizer import ByteTokenizer, FileTokenizer, NoTokenizer, Tokenizer
@@ -233,15 +234,24 @@ EXPERT_ROLE = {"w1": "gate", "gate_proj": "gate", "w3": "up", "up_proj": "up",
 
 
 def load_safetensors(model: MoETransformer, path: Path) -> None:
-    """Copy every tensor of the checkpoint into the model; experts are stacked per layer."""
+    """Copy every tensor of the checkpoint into the model; experts are stacked per layer.
+
+    A progress bar (bytes read) shows on a terminal.
+    """
     files = sorted(path.glob("*.safetensors"))
     _refuse(not files, f"{path} holds no *.safetensors weights")
     params = dict(model.named_parameters())
     loaded: set[str] = set()
-    with torch.no_grad():
+    total = sum(f.stat().st_size for f in files)
+    with torch.no_grad(), tqdm(total=total, desc="loading weights", unit="B", unit_scale=True,
+                               disable=None) as bar:
         for file in files:
+            left = file.stat().st_size
             for key, tensor in _read_tensors(file):
                 loaded.add(_load_tensor(model, params, file, key, tensor))
+                bar.update(tensor.nbytes)
+                left -= tensor.nbytes
+            bar.update(left)  # the file's header
     expected = {n for n in params if ".w_" not in n}
     cfg = model.cfg
     expected |= {f"layers.{i}.experts.{e}.{r}" for i in range(cfg.num_layers)

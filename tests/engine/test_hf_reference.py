@@ -6,9 +6,17 @@ loader's refusals and the tokenizer.json round trip.
 """
 
 import dataclasses
+import fcntl
 import json
+import os
+import pty
 import random
+import select
 import shutil
+import struct
+import subprocess
+import sys
+import termios
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -318,3 +326,25 @@ def test_expert_parallel_matches_transformers(checkpoints: dict[str, Path], name
         for i, top in enumerate(out.logprobs):
             for token, value in top.items():
                 assert value == pytest.approx(expected[start + i, token].item(), abs=ATOL)
+
+
+def test_loading_shows_progress_on_a_terminal(checkpoints: dict[str, Path]) -> None:
+    main, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    code = f"from engine import LLM; LLM({str(checkpoints['mixtral'])!r})"
+    done = subprocess.run([sys.executable, "-c", code], stderr=follower, timeout=120)
+    os.close(follower)
+    text = b""
+    while chunk := _read_ready(main):
+        text += chunk
+    os.close(main)
+    assert done.returncode == 0
+    assert b"loading weights" in text and b"100%" in text
+
+
+def _read_ready(fd: int) -> bytes:
+    """What the pseudo-terminal holds now (b"" once it is drained)."""
+    try:
+        return os.read(fd, 65536) if select.select([fd], [], [], 0.5)[0] else b""
+    except OSError:  # the other end is closed
+        return b""
