@@ -8,8 +8,9 @@ from fastapi import Request, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from engine.sampling_params import SEED_MAX, SEED_MIN
+
 StopList = Annotated[list[str], Field(max_length=8)]
-SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
 
 
 class Utf8Request(Request):

@@ -3,6 +3,7 @@
 from pydantic import BaseModel, ConfigDict, Field
 
 GREEDY_BELOW = 1e-5  # as vLLM's sampling epsilon
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
 
 
 class SamplingParams(BaseModel):
@@ -15,7 +16,7 @@ class SamplingParams(BaseModel):
                                description="0 = greedy, as is anything under GREEDY_BELOW")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0, description="0 = no top-k cut")
-    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1, description="per-request generator")
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX, description="per-request generator")
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = Field(None, ge=0, le=20, description="top-N log-probabilities")

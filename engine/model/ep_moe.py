@@ -65,8 +65,9 @@ def _within_capacity(
     if capacity is None:
         stats.dropped.append(0)
         return torch.arange(flat.numel(), device=flat.device)
-    every = group.gather_stats(count(flat, num_experts).double()).long().to(flat.device)
-    keep = fits_capacity(flat, num_experts, capacity, every[: group.rank].sum(0))
+    routed = count(flat, num_experts)
+    every = group.gather_stats(routed.double()).long().to(flat.device)
+    keep = fits_capacity(flat, routed, capacity, every[: group.rank].sum(0))
     stats.dropped.append(int((~keep).sum()))
     return keep.nonzero().squeeze(1)
 

@@ -27,23 +27,29 @@ def group_by_expert(
     routed = count(flat, num_experts)
     if capacity is None:
         return order, routed, routed, torch.zeros((), dtype=torch.long, device=flat.device)
-    keep = fits_capacity(flat, num_experts, capacity)
-    return order[keep[order]], routed.clamp(max=capacity), routed, (~keep).sum()
+    keep = _place_in_expert(flat, order, routed) < capacity
+    return order[keep], routed.clamp(max=capacity), routed, (~keep).sum()
 
 
 def fits_capacity(
-    flat: torch.Tensor, num_experts: int, capacity: int, earlier: torch.Tensor | None = None
+    flat: torch.Tensor, routed: torch.Tensor, capacity: int, earlier: torch.Tensor
 ) -> torch.Tensor:
-    """Which pairs (in token order) fit their expert's capacity, once `earlier[e]` pairs of
-    expert e were taken by rows before these (another rank's share of the batch)."""
+    """Which pairs (in token order; `routed` their counts per expert) fit their expert's
+    capacity, once `earlier[e]` pairs of expert e were taken by rows before these (another
+    rank's share of the batch)."""
     order = torch.sort(flat, stable=True).indices
-    routed = count(flat, num_experts)
-    starts = torch.cumsum(routed, 0) - routed
-    if earlier is not None:
-        starts = starts - earlier
+    place = _place_in_expert(flat, order, routed)
     keep = torch.empty_like(flat, dtype=torch.bool)
-    keep[order] = torch.arange(flat.numel(), device=flat.device) - starts[flat[order]] < capacity
+    keep[order] = earlier[flat[order]] + place < capacity
     return keep
+
+
+def _place_in_expert(flat: torch.Tensor, order: torch.Tensor, routed: torch.Tensor
+                     ) -> torch.Tensor:
+    """For each pair in `order` (the stable sort of `flat`; `routed` its counts per expert),
+    how many pairs of the same expert come before it in token order."""
+    starts = torch.cumsum(routed, 0) - routed
+    return torch.arange(flat.numel(), device=flat.device) - starts[flat[order]]
 
 
 def kept_mask(order: torch.Tensor, num_pairs: int) -> torch.Tensor:

@@ -242,11 +242,11 @@ def load_safetensors(model: MoETransformer, path: Path) -> None:
     _refuse(not files, f"{path} holds no *.safetensors weights")
     params = dict(model.named_parameters())
     loaded: set[str] = set()
-    total = sum(f.stat().st_size for f in files)
-    with torch.no_grad(), tqdm(total=total, desc="loading weights", unit="B", unit_scale=True,
-                               disable=None) as bar:
+    sizes = {file: file.stat().st_size for file in files}
+    with torch.no_grad(), tqdm(total=sum(sizes.values()), desc="loading weights", unit="B",
+                               unit_scale=True, disable=None) as bar:
         for file in files:
-            left = file.stat().st_size
+            left = sizes[file]
             for key, tensor in _read_tensors(file):
                 loaded.add(_load_tensor(model, params, file, key, tensor))
                 bar.update(tensor.nbytes)
