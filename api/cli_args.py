@@ -6,6 +6,7 @@ Each check is an argparse `type=`, so a bad value is argparse's one-line `error:
 
 import argparse
 import math
+import os
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -45,7 +46,8 @@ def describe(exc: BaseException) -> str:
         first = exc.errors()[0]
         where = ".".join(map(str, first["loc"]))
         return f"{where}: {first['msg']}" if where else first["msg"]
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
+    if isinstance(exc, OSError) and (exc.errno or exc.strerror):
+        # the errno's own text: pyarrow puts a whole message in strerror
+        return os.strerror(exc.errno) if exc.errno else exc.strerror
     return " ".join(str(exc).split()) or type(exc).__name__
 

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from api.cli_args import int_at_least, non_negative
+from api.cli_args import describe, int_at_least, non_negative
 from storage import DEFAULT_URL, SessionNotFound, SessionOpen, StorageError, Store
 from storage import queries as q
 from storage.export import TABLES, write_jsonl, write_parquet
@@ -78,8 +78,7 @@ def cmd_export(store: Store, args: argparse.Namespace) -> None:
     try:
         n = _export(store, args, out)
     except OSError as exc:
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        raise CommandError(f"cannot write {out}: {reason}") from None
+        raise CommandError(f"cannot write {out}: {describe(exc)}") from None
     print(f"wrote {n} {what} to {out}", file=sys.stderr)
 
 
