@@ -33,22 +33,23 @@ def stream_for(url: str) -> TelemetryStream:
     return stream
 
 
-def knob_input(name: str, entry: dict[str, Any], value: Any, key: str) -> Any:
+def knob_input(name: str, entry: dict[str, Any], value: Any, key: str) -> None:
+    """Draw one knob's input; Apply reads its value from st.session_state[key]."""
     help_text = f"{entry['description']} — allowed {entry['allowed']}".lstrip(" —")
     if "enum" in entry:
-        return st.selectbox(name, entry["enum"], index=entry["enum"].index(value), key=key,
-                            help=help_text)
-    if entry.get("type") == "boolean":
-        return st.checkbox(name, value=bool(value), key=key, help=help_text)
-    if entry.get("type") == "integer":
-        return st.number_input(name, min_value=entry.get("minimum"),
-                               max_value=entry.get("maximum"), value=value, step=1, key=key,
-                               help=help_text, placeholder="null")
-    low = entry.get("minimum", entry.get("exclusive_minimum"))
-    return st.number_input(name, min_value=None if low is None else float(low),
-                           max_value=entry.get("maximum"),
-                           value=None if value is None else float(value), step=0.01,
-                           format="%.3f", key=key, help=help_text, placeholder="null")
+        st.selectbox(name, entry["enum"], index=entry["enum"].index(value), key=key,
+                     help=help_text)
+    elif entry.get("type") == "boolean":
+        st.checkbox(name, value=bool(value), key=key, help=help_text)
+    elif entry.get("type") == "integer":
+        st.number_input(name, min_value=entry.get("minimum"), max_value=entry.get("maximum"),
+                        value=value, step=1, key=key, help=help_text, placeholder="null")
+    else:
+        low = entry.get("minimum", entry.get("exclusive_minimum"))
+        st.number_input(name, min_value=None if low is None else float(low),
+                        max_value=entry.get("maximum"),
+                        value=None if value is None else float(value), step=0.01,
+                        format="%.3f", key=key, help=help_text, placeholder="null")
 
 
 def apply_knobs(url: str, shown: dict[str, Any], keys: dict[str, str]) -> None:
