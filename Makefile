@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 test: setup
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q -ra --durations=15
 
 demo: setup

@@ -1,4 +1,4 @@
-"""The FastAPI app around a running EngineLoop: `create_app(loop, settings)`."""
+"""The FastAPI app around a running EngineLoop: `create_app(engine_loop, settings)`."""
 
 import asyncio
 import contextlib
@@ -15,20 +15,22 @@ from api.settings import ServerSettings
 from engine.loop import EngineLoop
 
 
-def create_app(loop: EngineLoop, settings: ServerSettings | None = None) -> FastAPI:
-    """Routes, auth, metrics and the session recorder around `loop` (started here if needed).
+def create_app(engine_loop: EngineLoop, settings: ServerSettings | None = None) -> FastAPI:
+    """Routes, auth, metrics and the session recorder around `engine_loop` (started here if needed).
 
     The caller owns the loop and stops it after the server is done. Opening the database
     raises storage.StorageError (IncompatibleSchema for another schema version).
     """
     settings = settings or ServerSettings()
-    store, recorder = open_storage(loop, settings)
+    store, recorder = open_storage(engine_loop, settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if recorder is not None:
-            recorder.start(loop.engine.session, **session_meta(loop, settings.model_name))
-        loop.start()
+            recorder.start(
+                engine_loop.engine.session, **session_meta(engine_loop, settings.model_name)
+            )
+        engine_loop.start()
         task = None
         if app.state.metrics is not None:
             task = asyncio.create_task(app.state.metrics.run(settings.metrics_interval_s))
@@ -45,16 +47,19 @@ def create_app(loop: EngineLoop, settings: ServerSettings | None = None) -> Fast
                 store.close()
 
     app = FastAPI(title="moescope", version="0.1.0", lifespan=lifespan)
-    app.state.loop = loop
+    app.state.engine_loop = engine_loop
     app.state.settings = settings
-    app.state.metrics = Metrics(loop, settings.model_name) if settings.metrics else None
+    app.state.metrics = Metrics(engine_loop, settings.model_name) if settings.metrics else None
     app.state.store = store
     app.state.recorder = recorder
     app.state.rerun = None
     install_error_handlers(app)
-    for module in (openai_routes, control, experts, telemetry_ws, metrics, sessions,
-                   replay_ws):
+    for module in (openai_routes, control, experts, telemetry_ws, metrics, sessions, replay_ws):
         app.include_router(module.router)
-    app.add_middleware(GuardMiddleware, api_key=settings.api_key, admin_key=settings.admin_key,
-                       max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        GuardMiddleware,
+        api_key=settings.api_key,
+        admin_key=settings.admin_key,
+        max_body_bytes=settings.max_body_bytes,
+    )
     return app

@@ -9,10 +9,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.errors import error_body
 
-ADMIN_ROUTES = (("PATCH", re.compile(r"/api/knobs")),
-                ("POST", re.compile(r"/api/experts/rebalance")),
-                ("DELETE", re.compile(r"/api/sessions/[^/]+")),
-                ("POST", re.compile(r"/api/sessions/[^/]+/(rerun|label)")))
+ADMIN_ROUTES = (
+    ("PATCH", re.compile(r"/api/knobs")),
+    ("POST", re.compile(r"/api/experts/rebalance")),
+    ("DELETE", re.compile(r"/api/sessions/[^/]+")),
+    ("POST", re.compile(r"/api/sessions/[^/]+/(rerun|label)")),
+)
 
 
 def _token(scope: Scope) -> str | None:
@@ -35,9 +37,17 @@ def _matches(token: str | None, key: str | None) -> bool:
 
 async def _send_json(send: Send, status: int, body: dict, headers: list | None = None) -> None:
     data = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(data)).encode()), *(headers or [])]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(data)).encode()),
+                *(headers or []),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": data})
 
 
@@ -77,12 +87,16 @@ class GuardMiddleware:
                 await receive()
                 await send({"type": "websocket.close", "code": 1008, "reason": message})
             else:
-                await _send_json(send, status, error_body(status, message),
-                                 [(b"www-authenticate", b"Bearer")])
+                await _send_json(
+                    send, status, error_body(status, message), [(b"www-authenticate", b"Bearer")]
+                )
             return
         if scope["type"] == "http" and self._too_big(scope):
-            await _send_json(send, 413, error_body(
-                413, f"request body is larger than {self.max_body_bytes} bytes"))
+            await _send_json(
+                send,
+                413,
+                error_body(413, f"request body is larger than {self.max_body_bytes} bytes"),
+            )
             return
         await self.app(scope, receive, send)
 

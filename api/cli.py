@@ -16,13 +16,13 @@ from uvicorn.config import LOG_LEVELS
 from api.app import create_app
 from api.cli_args import describe, int_at_least, non_negative, port, positive
 from api.demo import run_demo
-from api.load import add_load_arguments, main_load, percentile
+from api.loadgen import add_load_arguments, main_load, percentile
 from api.server import build_loop, config_from_args
 from api.sessions_cli import add_session_commands, default_db
 from api.settings import ServerSettings
 from dashboard.__main__ import main as dashboard_main
 from engine import LLM, SamplingParams
-from engine.ep_ranks import serve_rank, torchrun_rank
+from engine.ep.ranks import serve_rank, torchrun_rank
 from engine.model.tokenizer import NoTokenizer
 from engine.outputs import RequestOutput
 from storage import StorageError
@@ -52,7 +52,8 @@ def _device(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text!r}: CUDA is not available on this machine")
     if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
         raise argparse.ArgumentTypeError(
-            f"{text!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+            f"{text!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+        )
     return text
 
 
@@ -67,9 +68,11 @@ def summarize(outputs: list[RequestOutput], wall_s: float) -> str:
         f"wall time       {wall_s:.2f} s",
         f"throughput      {tokens / wall_s:.1f} tok/s",
         "TTFT ms         p50 {:.1f}  p90 {:.1f}  p99 {:.1f}".format(
-            *(percentile(ttft, q) for q in (0.5, 0.9, 0.99))),
+            *(percentile(ttft, q) for q in (0.5, 0.9, 0.99))
+        ),
         "TPOT ms         p50 {:.2f}  p90 {:.2f}  p99 {:.2f}".format(
-            *(percentile(tpot, q) for q in (0.5, 0.9, 0.99))),
+            *(percentile(tpot, q) for q in (0.5, 0.9, 0.99))
+        ),
     ]
     return "\n".join(lines)
 
@@ -82,24 +85,39 @@ def workload(
     and its output fit the model's context."""
     context = llm.engine.model_config.max_model_len
     if max_tokens >= context:
-        raise ValueError(f"--max-tokens {max_tokens} leaves no room for a prompt in the "
-                         f"model's context of {context} tokens; use at most {context - 1}")
+        raise ValueError(
+            f"--max-tokens {max_tokens} leaves no room for a prompt in the "
+            f"model's context of {context} tokens; use at most {context - 1}"
+        )
     rng = random.Random(seed)
-    texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 60)))
-             for _ in range(num_prompts)]
-    params = [SamplingParams(max_tokens=rng.randint(min(8, max_tokens), max_tokens),
-                             temperature=0.0, ignore_eos=True) for _ in texts]
+    texts = [
+        " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 60))) for _ in range(num_prompts)
+    ]
+    params = [
+        SamplingParams(
+            max_tokens=rng.randint(min(8, max_tokens), max_tokens), temperature=0.0, ignore_eos=True
+        )
+        for _ in texts
+    ]
     vocab = llm.engine.model_config.vocab_size
-    encoded = ([[rng.randrange(vocab) for _ in range(2 * len(text.split()))] for text in texts]
-               if isinstance(llm.tokenizer, NoTokenizer) else map(llm.tokenizer.encode, texts))
-    prompts = [ids[:context - p.max_tokens] for ids, p in zip(encoded, params, strict=True)]
+    encoded = (
+        [[rng.randrange(vocab) for _ in range(2 * len(text.split()))] for text in texts]
+        if isinstance(llm.tokenizer, NoTokenizer)
+        else map(llm.tokenizer.encode, texts)
+    )
+    prompts = [ids[: context - p.max_tokens] for ids, p in zip(encoded, params, strict=True)]
     return prompts, params
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
     with failing_as("generate", *ENGINE_ERRORS):
-        llm = LLM(args.model, dtype=args.dtype, device=args.device,
-                  num_kv_blocks=args.kv_blocks, max_num_seqs=args.max_num_seqs)
+        llm = LLM(
+            args.model,
+            dtype=args.dtype,
+            device=args.device,
+            num_kv_blocks=args.kv_blocks,
+            max_num_seqs=args.max_num_seqs,
+        )
         prompts, params = workload(llm, args.num_prompts, args.max_tokens, args.seed)
         start = time.perf_counter()
         outputs = llm.generate(prompts, params)
@@ -110,37 +128,53 @@ def cmd_serve(args: argparse.Namespace) -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     settings = ServerSettings.from_env(
-        model_name=args.served_model_name or args.model, api_key=args.api_key,
-        admin_key=args.admin_key, max_prompt_tokens=args.max_prompt_tokens,
-        max_tokens_limit=args.max_tokens_limit, ws_buffer=args.ws_buffer,
-        metrics=not args.no_metrics, db_url=args.db, record=not args.no_record,
-        record_buffer=args.record_buffer)
+        model_name=args.served_model_name or args.model,
+        api_key=args.api_key,
+        admin_key=args.admin_key,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_tokens_limit=args.max_tokens_limit,
+        ws_buffer=args.ws_buffer,
+        metrics=not args.no_metrics,
+        db_url=args.db,
+        record=not args.no_record,
+        record_buffer=args.record_buffer,
+    )
     if args.host not in ("127.0.0.1", "localhost", "::1") and settings.api_key is None:
         print(f"warning: serving on {args.host} without an API key", file=sys.stderr)
     rank = torchrun_rank()
     if rank is not None and args.ep is None:
         args.ep = int(os.environ["WORLD_SIZE"])
-    engine_args = dict(dtype=args.dtype, device=args.device, seed=args.seed,
-                       num_kv_blocks=args.kv_blocks, block_size=args.block_size,
-                       max_num_seqs=args.max_num_seqs,
-                       max_num_batched_tokens=args.max_num_batched_tokens,
-                       ep_size=args.ep or args.ep_size, ep_distributed=args.ep is not None,
-                       router_skew=args.router_skew)
+    engine_args = dict(
+        dtype=args.dtype,
+        device=args.device,
+        seed=args.seed,
+        num_kv_blocks=args.kv_blocks,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        ep_size=args.ep or args.ep_size,
+        ep_distributed=args.ep is not None,
+        router_skew=args.router_skew,
+    )
     if rank:
         serve_rank(config_from_args(args.model, **engine_args))
         return
     with failing_as("serve", *ENGINE_ERRORS):
-        loop = build_loop(args.model, **engine_args)
+        engine_loop = build_loop(args.model, **engine_args)
     with failing_as("serve", StorageError):
-        app = create_app(loop, settings)
+        app = create_app(engine_loop, settings)
     recording = "off" if args.no_record else app.state.store.display_url
-    print(f"moescope: serving {settings.model_name} on http://{args.host}:{args.port} "
-          f"(telemetry ws://{args.host}:{args.port}/ws/telemetry; session "
-          f"{loop.engine.session}, recording {recording})", file=sys.stderr, flush=True)
+    print(
+        f"moescope: serving {settings.model_name} on http://{args.host}:{args.port} "
+        f"(telemetry ws://{args.host}:{args.port}/ws/telemetry; session "
+        f"{engine_loop.engine.session}, recording {recording})",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     finally:
-        loop.stop()
+        engine_loop.stop()
 
 
 def cmd_load(args: argparse.Namespace) -> None:
@@ -158,42 +192,81 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=port, default=8000)
     p.add_argument("--api-key", default=None, help="required as Bearer (or MOESCOPE_API_KEY)")
-    p.add_argument("--admin-key", default=None,
-                   help="required for PATCH /api/knobs (or MOESCOPE_ADMIN_KEY)")
+    p.add_argument(
+        "--admin-key", default=None, help="required for PATCH /api/knobs (or MOESCOPE_ADMIN_KEY)"
+    )
     _model_arguments(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--block-size", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
-    p.add_argument("--max-prompt-tokens", type=int, default=None,
-                   help="longest prompt accepted (default: the model's context - 1)")
-    p.add_argument("--max-tokens-limit", type=int, default=None,
-                   help="largest max_tokens accepted (default: the model's context)")
-    p.add_argument("--ws-buffer", type=int, default=256,
-                   help="telemetry steps buffered per websocket client before dropping")
+    p.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=None,
+        help="longest prompt accepted (default: the model's context - 1)",
+    )
+    p.add_argument(
+        "--max-tokens-limit",
+        type=int,
+        default=None,
+        help="largest max_tokens accepted (default: the model's context)",
+    )
+    p.add_argument(
+        "--ws-buffer",
+        type=int,
+        default=256,
+        help="telemetry steps buffered per websocket client before dropping",
+    )
     p.add_argument("--no-metrics", action="store_true", help="turn /metrics off")
-    p.add_argument("--db", default=default_db(),
-                   help="session database, any SQLAlchemy URL ($MOESCOPE_DB or %(default)s)")
+    p.add_argument(
+        "--db",
+        default=default_db(),
+        help="session database, any SQLAlchemy URL ($MOESCOPE_DB or %(default)s)",
+    )
     p.add_argument("--no-record", action="store_true", help="do not record this run")
-    p.add_argument("--record-buffer", type=int, default=2048,
-                   help="steps buffered while the database is slow or gone, then dropped")
-    p.add_argument("--threads", type=int_at_least(1), default=None,
-                   help="torch threads (default: torch's choice)")
+    p.add_argument(
+        "--record-buffer",
+        type=int,
+        default=2048,
+        help="steps buffered while the database is slow or gone, then dropped",
+    )
+    p.add_argument(
+        "--threads",
+        type=int_at_least(1),
+        default=None,
+        help="torch threads (default: torch's choice)",
+    )
     p.add_argument("--log-level", type=str.lower, default="warning", choices=list(LOG_LEVELS))
     ep = p.add_mutually_exclusive_group()
-    ep.add_argument("--ep", type=int, default=None, metavar="N",
-                    help="expert parallel over N processes (gloo/NCCL); measured all-to-all")
-    ep.add_argument("--ep-size", type=int, default=None, metavar="N",
-                    help="model N expert-parallel ranks in this one process")
-    p.add_argument("--router-skew", type=float, default=None,
-                   help="synthetic models: how uneven expert popularity is (0 = even)")
+    ep.add_argument(
+        "--ep",
+        type=int,
+        default=None,
+        metavar="N",
+        help="expert parallel over N processes (gloo/NCCL); measured all-to-all",
+    )
+    ep.add_argument(
+        "--ep-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="model N expert-parallel ranks in this one process",
+    )
+    p.add_argument(
+        "--router-skew",
+        type=float,
+        default=None,
+        help="synthetic models: how uneven expert popularity is (0 = even)",
+    )
     p.set_defaults(func=cmd_serve)
 
 
 def _model_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments shared by `generate` and `serve`."""
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", type=_device, default="cpu",
-                   help="cpu or cuda (Triton kernels on cuda)")
+    p.add_argument(
+        "--device", type=_device, default="cpu", help="cpu or cuda (Triton kernels on cuda)"
+    )
     p.add_argument("--kv-blocks", type=int_at_least(1), default=2048)
     p.add_argument("--max-num-seqs", type=int_at_least(1), default=64)
 
@@ -219,13 +292,23 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="server on synthetic:small with a load running against it")
     demo.add_argument("--port", type=port, default=8000)
     demo.add_argument("--rate", type=positive, default=3.0, help="requests per second")
-    demo.add_argument("--duration", type=non_negative, default=0.0,
-                      help="seconds; 0 = until Ctrl-C")
+    demo.add_argument(
+        "--duration", type=non_negative, default=0.0, help="seconds; 0 = until Ctrl-C"
+    )
     demo.add_argument("--dashboard-port", type=port, default=8501)
-    demo.add_argument("--ep-size", type=int, default=4,
-                      help="expert-parallel ranks modeled in the server's one process")
-    demo.add_argument("--ep", type=int, default=None, metavar="N",
-                      help="instead, shard the experts over N processes (measured all-to-all)")
+    demo.add_argument(
+        "--ep-size",
+        type=int,
+        default=4,
+        help="expert-parallel ranks modeled in the server's one process",
+    )
+    demo.add_argument(
+        "--ep",
+        type=int,
+        default=None,
+        metavar="N",
+        help="instead, shard the experts over N processes (measured all-to-all)",
+    )
     demo.set_defaults(func=cmd_demo)
     dash = sub.add_parser("dashboard", help="the Streamlit dashboard for a running server")
     dash.add_argument("--url", default="http://127.0.0.1:8000", help="moescope server URL")

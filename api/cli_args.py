@@ -19,6 +19,7 @@ def _checked(
     convert: Callable[[str], T], ok: Callable[[T], bool], wanted: str
 ) -> Callable[[str], T]:
     """An argparse type: `convert`, then refuse values that are not `ok` as not `wanted`."""
+
     def parse(text: str) -> T:
         try:
             value: T | None = convert(text)
@@ -27,6 +28,7 @@ def _checked(
         if value is None or not ok(value):
             raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}")
         return value
+
     return parse
 
 
@@ -50,4 +52,3 @@ def describe(exc: BaseException) -> str:
         # the errno's own text: pyarrow puts a whole message in strerror
         return os.strerror(exc.errno) if exc.errno else exc.strerror
     return " ".join(str(exc).split()) or type(exc).__name__
-

@@ -14,23 +14,34 @@ from engine.loop import EngineDead, EngineLoop
 
 router = APIRouter()
 
-JSON_TYPES: dict[str, tuple[type, ...]] = {"integer": (int,), "number": (int, float),
-                                           "string": (str,), "boolean": (bool,)}
+JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "integer": (int,),
+    "number": (int, float),
+    "string": (str,),
+    "boolean": (bool,),
+}
 
 
 def knob_schema(total_blocks: int) -> dict[str, dict[str, Any]]:
     """Each knob's type, allowed range or values, nullability, default and description."""
     out: dict[str, dict[str, Any]] = {}
     for name, prop in Knobs.model_json_schema()["properties"].items():
-        entry: dict[str, Any] = {"default": prop.get("default"),
-                                 "description": prop.get("description", ""), "nullable": False}
+        entry: dict[str, Any] = {
+            "default": prop.get("default"),
+            "description": prop.get("description", ""),
+            "nullable": False,
+        }
         for option in prop.get("anyOf", [prop]):
             if option.get("type") == "null":
                 entry["nullable"] = True
                 continue
             entry["type"] = option.get("type")
-            for key, label in (("minimum", "minimum"), ("maximum", "maximum"),
-                               ("exclusiveMinimum", "exclusive_minimum"), ("enum", "enum")):
+            for key, label in (
+                ("minimum", "minimum"),
+                ("maximum", "maximum"),
+                ("exclusiveMinimum", "exclusive_minimum"),
+                ("enum", "enum"),
+            ):
                 if key in option:
                     entry[label] = option[key]
         out[name] = entry
@@ -58,8 +69,9 @@ def _check_types(changes: dict[str, Any], schema: dict[str, dict[str, Any]]) -> 
             continue
         types = JSON_TYPES.get(entry.get("type", ""), (object,))
         if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
-            raise APIError(422, f"{name}: expected {entry['type']} {entry['allowed']}, "
-                                f"got {value!r}", name)
+            raise APIError(
+                422, f"{name}: expected {entry['type']} {entry['allowed']}, got {value!r}", name
+            )
 
 
 def _knob_error(exc: ValidationError, schema: dict[str, dict[str, Any]]) -> APIError:
@@ -79,48 +91,63 @@ def _knob_error(exc: ValidationError, schema: dict[str, dict[str, Any]]) -> APIE
     return APIError(422, "; ".join(parts), first)
 
 
-def _schema(loop: EngineLoop) -> dict[str, dict[str, Any]]:
-    return knob_schema(loop.engine.blocks.total)
+def _schema(engine_loop: EngineLoop) -> dict[str, dict[str, Any]]:
+    return knob_schema(engine_loop.engine.blocks.total)
 
 
-def engine_description(loop: EngineLoop) -> dict[str, Any]:
+def engine_description(engine_loop: EngineLoop) -> dict[str, Any]:
     """The model and engine configs as JSON-ready dicts."""
-    cfg = loop.engine.config
+    cfg = engine_loop.engine.config
     return {
-        "model_config": asdict(loop.engine.model_config),
-        "engine_config": {"model": cfg.model, "dtype": str(cfg.dtype).removeprefix("torch."),
-                          "device": cfg.device, "seed": cfg.seed, "batching": cfg.batching,
-                          "cache": asdict(cfg.cache), "parallel": asdict(cfg.parallel)},
+        "model_config": asdict(engine_loop.engine.model_config),
+        "engine_config": {
+            "model": cfg.model,
+            "dtype": str(cfg.dtype).removeprefix("torch."),
+            "device": cfg.device,
+            "seed": cfg.seed,
+            "batching": cfg.batching,
+            "cache": asdict(cfg.cache),
+            "parallel": asdict(cfg.parallel),
+        },
     }
 
 
 @router.get("/api/status")
 async def status(request: Request) -> dict[str, Any]:
-    loop: EngineLoop = request.app.state.loop
+    engine_loop: EngineLoop = request.app.state.engine_loop
     settings = request.app.state.settings
     recorder = request.app.state.recorder
-    max_len = loop.engine.model_config.max_model_len
+    max_len = engine_loop.engine.model_config.max_model_len
     return {
         "model": settings.model_name,
-        "session": loop.engine.session,
-        **engine_description(loop),
-        "limits": {"max_prompt_tokens": min(settings.max_prompt_tokens or max_len, max_len - 1),
-                   "max_tokens": settings.max_tokens_limit or max_len,
-                   "max_prompts": settings.max_prompts, "max_body_bytes": settings.max_body_bytes},
-        "auth": {"api_key": settings.api_key is not None,
-                 "admin_key": settings.admin_key is not None},
+        "session": engine_loop.engine.session,
+        **engine_description(engine_loop),
+        "limits": {
+            "max_prompt_tokens": min(settings.max_prompt_tokens or max_len, max_len - 1),
+            "max_tokens": settings.max_tokens_limit or max_len,
+            "max_prompts": settings.max_prompts,
+            "max_body_bytes": settings.max_body_bytes,
+        },
+        "auth": {
+            "api_key": settings.api_key is not None,
+            "admin_key": settings.admin_key is not None,
+        },
         "metrics": request.app.state.metrics is not None,
         "recorder": recorder.stats() if recorder is not None else {"recording": False},
-        **loop.summary(),
+        **engine_loop.summary(),
     }
 
 
 @router.get("/api/knobs")
 async def get_knobs(request: Request) -> dict[str, Any]:
-    loop: EngineLoop = request.app.state.loop
-    s = loop.summary()
-    return {"knobs": s["knobs"], "version": s["knobs_version"],
-            "applied_version": s["applied_knobs_version"], "schema": _schema(loop)}
+    engine_loop: EngineLoop = request.app.state.engine_loop
+    s = engine_loop.summary()
+    return {
+        "knobs": s["knobs"],
+        "version": s["knobs_version"],
+        "applied_version": s["applied_knobs_version"],
+        "schema": _schema(engine_loop),
+    }
 
 
 @router.patch("/api/knobs")
@@ -130,24 +157,27 @@ async def patch_knobs(
     origin: Annotated[str, Query(min_length=1, max_length=64)] = "api",
 ) -> dict[str, Any]:
     """Validate the change as a whole; it applies at the next step boundary."""
-    loop: EngineLoop = request.app.state.loop
-    schema = _schema(loop)
+    engine_loop: EngineLoop = request.app.state.engine_loop
+    schema = _schema(engine_loop)
     if not changes:
-        raise APIError(422, "no knobs given; send a JSON object like {\"max_num_seqs\": 8}")
+        raise APIError(422, 'no knobs given; send a JSON object like {"max_num_seqs": 8}')
     _check_types(changes, schema)
     try:
-        version = await asyncio.wrap_future(loop.update_knobs(changes, origin))
+        version = await asyncio.wrap_future(engine_loop.update_knobs(changes, origin))
     except ValidationError as exc:
         raise _knob_error(exc, schema) from None
     except EngineDead as exc:
         raise APIError(503, str(exc)) from None
     except (ValueError, TypeError) as exc:
         raise APIError(422, str(exc)) from None
-    return {"version": version, "knobs": loop.knobs.model_dump(),
-            "applied_version": loop.engine.applied_knobs_version}
+    return {
+        "version": version,
+        "knobs": engine_loop.knobs.model_dump(),
+        "applied_version": engine_loop.engine.applied_knobs_version,
+    }
 
 
 @router.get("/api/knobs/history")
 async def knob_history(request: Request) -> dict[str, Any]:
     """Applied knob changes, oldest first: version, time, origin, {field: [old, new]}."""
-    return {"changes": request.app.state.loop.knob_history()}
+    return {"changes": request.app.state.engine_loop.knob_history()}

@@ -92,8 +92,11 @@ def _watch(children: dict[str, subprocess.Popen], poll_s: float = 0.2) -> int:
                 continue
             if name == "load" and code == 0:
                 return 0
-            print(f"moescope demo: the {name} stopped unexpectedly ({_exit_status(code)}); "
-                  "stopping the rest", file=sys.stderr)
+            print(
+                f"moescope demo: the {name} stopped unexpectedly ({_exit_status(code)}); "
+                "stopping the rest",
+                file=sys.stderr,
+            )
             return 1
         time.sleep(poll_s)
 
@@ -103,14 +106,16 @@ def _interrupt(signum: int, frame: object) -> NoReturn:
 
 
 def _banner(args: argparse.Namespace, url: str) -> str:
-    return (f"\nmoescope demo: {MODEL} on {url}, load {args.rate} req/s (Ctrl-C stops all)\n"
-            f"  dashboard  http://{HOST}:{args.dashboard_port}  <- open this\n"
-            f"  telemetry  ws://{HOST}:{args.port}/ws/telemetry\n"
-            f"  metrics    {url}/metrics\n"
-            f"  status     {url}/api/status\n"
-            f"  knobs      {url}/api/knobs  (e.g. curl -X PATCH {url}/api/knobs "
-            "-H 'content-type: application/json' -d '{\"max_num_seqs\": 8}')\n"
-            f"  OpenAI     {url}/v1\n")
+    return (
+        f"\nmoescope demo: {MODEL} on {url}, load {args.rate} req/s (Ctrl-C stops all)\n"
+        f"  dashboard  http://{HOST}:{args.dashboard_port}  <- open this\n"
+        f"  telemetry  ws://{HOST}:{args.port}/ws/telemetry\n"
+        f"  metrics    {url}/metrics\n"
+        f"  status     {url}/api/status\n"
+        f"  knobs      {url}/api/knobs  (e.g. curl -X PATCH {url}/api/knobs "
+        "-H 'content-type: application/json' -d '{\"max_num_seqs\": 8}')\n"
+        f"  OpenAI     {url}/v1\n"
+    )
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -126,19 +131,33 @@ def run_demo(args: argparse.Namespace) -> int:
     children: dict[str, subprocess.Popen] = {}
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        children["server"] = _start([*cli, "serve", "--model", MODEL, "--host", HOST,
-                                     "--port", str(args.port), *parallel])
+        children["server"] = _start(
+            [*cli, "serve", "--model", MODEL, "--host", HOST, "--port", str(args.port), *parallel]
+        )
         failure = _wait_ready(url, children["server"])
         if failure is not None:
             print(f"moescope demo: {failure}", file=sys.stderr)
             return 1
-        children["dashboard"] = _start([sys.executable, "-m", "dashboard", "--url", url,
-                                        "--port", str(args.dashboard_port)])
+        children["dashboard"] = _start(
+            [sys.executable, "-m", "dashboard", "--url", url, "--port", str(args.dashboard_port)]
+        )
         print(_banner(args, url), flush=True)
-        children["load"] = _start([*cli, "load", "--url", url, "--rate", str(args.rate),
-                                   "--duration", str(args.duration),
-                                   "--prompt-len", "uniform:16:256",
-                                   "--output-len", "uniform:16:128"])
+        children["load"] = _start(
+            [
+                *cli,
+                "load",
+                "--url",
+                url,
+                "--rate",
+                str(args.rate),
+                "--duration",
+                str(args.duration),
+                "--prompt-len",
+                "uniform:16:256",
+                "--output-len",
+                "uniform:16:128",
+            ]
+        )
         return _watch(children)
     except KeyboardInterrupt:
         print("\nmoescope demo: stopping", file=sys.stderr)

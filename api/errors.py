@@ -13,14 +13,27 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
 
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
-               403: "permission_error", 404: "not_found_error", 405: "invalid_request_error",
-               409: "invalid_request_error", 413: "invalid_request_error",
-               422: "invalid_request_error", 503: "service_unavailable"}
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    503: "service_unavailable",
+}
 # pydantic's errors for a body that is not a JSON object at all (its loc is just ("body",))
 NOT_AN_OBJECT = {"missing", "model_type", "model_attributes_type", "dict_type"}
-JSON_KINDS = {type(None): "null", bool: "a boolean", int: "a number", float: "a number",
-              str: "a string", list: "an array"}
+JSON_KINDS = {
+    type(None): "null",
+    bool: "a boolean",
+    int: "a number",
+    float: "a number",
+    str: "a string",
+    list: "an array",
+}
 
 
 class APIError(Exception):
@@ -119,8 +132,9 @@ def install_error_handlers(app: FastAPI) -> None:
 def unparsable_body(cause: BaseException) -> str:
     """What stopped the JSON parser: FastAPI turns these into a bare 400, we name them."""
     if isinstance(cause, UnicodeDecodeError):
-        return (f"body: not valid UTF-8 (byte {cause.object[cause.start]:#04x} at offset "
-                f"{cause.start})")
+        return (
+            f"body: not valid UTF-8 (byte {cause.object[cause.start]:#04x} at offset {cause.start})"
+        )
     if isinstance(cause, RecursionError):
         return "body: JSON nested too deeply"
     if isinstance(cause, ValueError) and "integer string conversion" in str(cause):

@@ -22,10 +22,14 @@ class RebalanceRequest(BaseModel):
 @router.get("/api/experts")
 async def placement(request: Request) -> dict[str, Any]:
     """Which experts each rank hosts, per layer, and how the all-to-all is known."""
-    loop: EngineLoop = request.app.state.loop
-    p = loop.engine.placement
-    return {"ep_size": p.ep_size, "mode": loop.engine.a2a_mode,
-            "version": p.version, "placement": p.slots()}
+    engine_loop: EngineLoop = request.app.state.engine_loop
+    p = engine_loop.engine.placement
+    return {
+        "ep_size": p.ep_size,
+        "mode": engine_loop.engine.a2a_mode,
+        "version": p.version,
+        "placement": p.hosted(),
+    }
 
 
 @router.post("/api/experts/rebalance")
@@ -33,10 +37,10 @@ async def rebalance(
     request: Request, body: Annotated[RebalanceRequest | None, Body()] = None
 ) -> dict[str, Any]:
     """New placement from the last `window` steps' expert loads, switched between two steps."""
-    loop: EngineLoop = request.app.state.loop
+    engine_loop: EngineLoop = request.app.state.engine_loop
     body = body or RebalanceRequest()
     try:
-        return await asyncio.wrap_future(loop.rebalance(body.window, body.replicas))
+        return await asyncio.wrap_future(engine_loop.rebalance(body.window, body.replicas))
     except EngineDead as exc:
         raise APIError(503, str(exc)) from None
     except ValueError as exc:

@@ -34,8 +34,8 @@ COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat runs to
 class Job:
     """The engine requests behind one API call; outputs arrive on an asyncio queue."""
 
-    def __init__(self, loop: EngineLoop, metrics: Metrics | None) -> None:
-        self.loop = loop
+    def __init__(self, engine_loop: EngineLoop, metrics: Metrics | None) -> None:
+        self.engine_loop = engine_loop
         self.metrics = metrics
         self.aloop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
@@ -66,8 +66,8 @@ class Job:
                 try:
                     item = await asyncio.wait_for(self.queue.get(), POLL_S)
                 except TimeoutError:
-                    if not self.loop.alive:
-                        raise EngineDead(self.loop.error or "engine loop stopped") from None
+                    if not self.engine_loop.alive:
+                        raise EngineDead(self.engine_loop.error or "engine loop stopped") from None
                     continue
             index, out = item
             if out.error:
@@ -85,7 +85,7 @@ class Job:
         """
         for index, request_id in enumerate(self.ids):
             if index not in self.done:
-                self.loop.abort(request_id)
+                self.engine_loop.abort(request_id)
                 self.done.add(index)
                 self._record(index, self.last.get(index), "abort")
 
@@ -93,18 +93,26 @@ class Job:
         """Count an ended request; `out` is None when it ended before its first output."""
         if self.metrics is not None:
             generated = 0 if out is None else len(out.token_ids)
-            self.metrics.observe_request(reason, self.prompt_lens[index], generated,
-                                         time.time() - self.started, prefilled=out is not None)
+            self.metrics.observe_request(
+                reason,
+                self.prompt_lens[index],
+                generated,
+                time.time() - self.started,
+                prefilled=out is not None,
+            )
 
     def usage(self) -> dict[str, int]:
         prompt = sum(self.prompt_lens)
         completion = sum(len(o.token_ids) for o in self.last.values())
-        return {"prompt_tokens": prompt, "completion_tokens": completion,
-                "total_tokens": prompt + completion}
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
 
 
 def _state(request: Request) -> tuple[EngineLoop, ServerSettings]:
-    return request.app.state.loop, request.app.state.settings
+    return request.app.state.engine_loop, request.app.state.settings
 
 
 def _params(body: SamplingFields, max_tokens: int) -> SamplingParams:
@@ -125,23 +133,33 @@ def _params(body: SamplingFields, max_tokens: int) -> SamplingParams:
 
 
 async def _start(
-    request: Request, body: SamplingFields, prompts: list[str | list[int]],
-    max_tokens: int | None, field: str, tokens_field: str = "max_tokens",
+    request: Request,
+    body: SamplingFields,
+    prompts: list[str | list[int]],
+    max_tokens: int | None,
+    field: str,
+    tokens_field: str = "max_tokens",
 ) -> Job:
     """Check model, sizes and limits, then submit every prompt (all or none).
 
     `field` names the prompt in errors, `tokens_field` the field that gave `max_tokens`.
     """
-    loop, settings = _state(request)
+    engine_loop, settings = _state(request)
     if body.model != settings.model_name:
-        raise APIError(404, f"model {body.model!r} does not exist; this server serves "
-                            f"{settings.model_name!r}", "model")
+        raise APIError(
+            404,
+            f"model {body.model!r} does not exist; this server serves {settings.model_name!r}",
+            "model",
+        )
     if not prompts:
         raise APIError(422, f"{field} is empty", field)
     if len(prompts) > settings.max_prompts:
-        raise APIError(422, f"{len(prompts)} prompts in one request; the limit is "
-                            f"{settings.max_prompts}", field)
-    engine = loop.engine
+        raise APIError(
+            422,
+            f"{len(prompts)} prompts in one request; the limit is {settings.max_prompts}",
+            field,
+        )
+    engine = engine_loop.engine
     max_len = engine.model_config.max_model_len
     prompt_limit = min(settings.max_prompt_tokens or max_len - 1, max_len - 1)
     token_limit = settings.max_tokens_limit or max_len
@@ -152,23 +170,29 @@ async def _start(
         except ValueError as exc:
             raise APIError(422, str(exc), field) from None
         if len(ids) > prompt_limit:
-            raise APIError(422, f"{field} has {len(ids)} tokens; the limit is {prompt_limit}",
-                           field)
+            raise APIError(
+                422, f"{field} has {len(ids)} tokens; the limit is {prompt_limit}", field
+            )
         ids_list.append(ids)
     longest = max(len(ids) for ids in ids_list)
     if max_tokens is None:
         max_tokens = min(token_limit, max_len - longest)
     if max_tokens > token_limit:
-        raise APIError(422, f"{tokens_field} ({max_tokens}) is over the limit of {token_limit}",
-                       tokens_field)
+        raise APIError(
+            422, f"{tokens_field} ({max_tokens}) is over the limit of {token_limit}", tokens_field
+        )
     if longest + max_tokens > max_len:
-        raise APIError(422, f"{field} ({longest} tokens) + {tokens_field} ({max_tokens}) "
-                            f"exceeds the model's context length ({max_len})", tokens_field)
+        raise APIError(
+            422,
+            f"{field} ({longest} tokens) + {tokens_field} ({max_tokens}) "
+            f"exceeds the model's context length ({max_len})",
+            tokens_field,
+        )
     params = _params(body, max_tokens)
-    job = Job(loop, request.app.state.metrics)
+    job = Job(engine_loop, request.app.state.metrics)
     try:
         for index, ids in enumerate(ids_list):
-            job.ids.append(loop.submit(ids, params, job.callback(index), body.stop_strings))
+            job.ids.append(engine_loop.submit(ids, params, job.callback(index), body.stop_strings))
             job.prompt_lens.append(len(ids))
     except ValueError as exc:
         job.close()
@@ -231,15 +255,18 @@ async def _stream(
             yield _sse({**head, "choices": [choice], **usage})
         while job.pending:
             index, out = await job.next()
-            text = out.text[sent[index]:]
+            text = out.text[sent[index] :]
             sent[index] = len(out.text)
             reason = _finish_reason(out)
             if chat:
-                choice = {"index": index, "delta": {"content": text}, "logprobs": None,
-                          "finish_reason": reason}
+                choice = {
+                    "index": index,
+                    "delta": {"content": text},
+                    "logprobs": None,
+                    "finish_reason": reason,
+                }
             else:
-                choice = {"index": index, "text": text, "logprobs": None,
-                          "finish_reason": reason}
+                choice = {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
             yield _sse({**head, "choices": [choice], **usage})
         if include_usage:
             yield _sse({**head, "choices": [], "usage": job.usage()})
@@ -251,8 +278,11 @@ async def _stream(
 
 
 def _streaming_response(chunks: AsyncIterator[str]) -> StreamingResponse:
-    return StreamingResponse(chunks, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        chunks,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
 
 
 @router.post("/v1/completions", response_model=None)
@@ -260,13 +290,19 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     prompts = body.prompts()
     max_tokens = COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     job = await _start(request, body, prompts, max_tokens, "prompt")
-    head = {"id": job.ids[0], "object": "text_completion", "created": int(job.started),
-            "model": body.model}
+    head = {
+        "id": job.ids[0],
+        "object": "text_completion",
+        "created": int(job.started),
+        "model": body.model,
+    }
     if body.stream:
         return _streaming_response(_stream(job, head, False, body.include_usage))
     await _collect(job, request)
-    choices = [{"index": i, "text": out.text, "logprobs": None,
-                "finish_reason": _finish_reason(out)} for i, out in sorted(job.last.items())]
+    choices = [
+        {"index": i, "text": out.text, "logprobs": None, "finish_reason": _finish_reason(out)}
+        for i, out in sorted(job.last.items())
+    ]
     return JSONResponse({**head, "choices": choices, "usage": job.usage()})
 
 
@@ -274,24 +310,41 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
     tokens_field = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
     max_tokens = getattr(body, tokens_field)
-    job = await _start(request, body, [render_chat(body.messages)], max_tokens, "messages",
-                       tokens_field)
-    head = {"id": "chat" + job.ids[0], "object": "chat.completion", "created": int(job.started),
-            "model": body.model}
+    job = await _start(
+        request, body, [render_chat(body.messages)], max_tokens, "messages", tokens_field
+    )
+    head = {
+        "id": "chat" + job.ids[0],
+        "object": "chat.completion",
+        "created": int(job.started),
+        "model": body.model,
+    }
     if body.stream:
         head["object"] = "chat.completion.chunk"
         return _streaming_response(_stream(job, head, True, body.include_usage))
     await _collect(job, request)
     out = job.last[0]
-    choice = {"index": 0, "message": {"role": "assistant", "content": out.text},
-              "logprobs": None, "finish_reason": _finish_reason(out)}
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": out.text},
+        "logprobs": None,
+        "finish_reason": _finish_reason(out),
+    }
     return JSONResponse({**head, "choices": [choice], "usage": job.usage()})
 
 
 @router.get("/v1/models")
 async def models(request: Request) -> dict[str, Any]:
-    loop, settings = _state(request)
-    return {"object": "list", "data": [{
-        "id": settings.model_name, "object": "model", "created": int(loop.started_t),
-        "owned_by": "moescope", "max_model_len": loop.engine.model_config.max_model_len,
-    }]}
+    engine_loop, settings = _state(request)
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": settings.model_name,
+                "object": "model",
+                "created": int(engine_loop.started_t),
+                "owned_by": "moescope",
+                "max_model_len": engine_loop.engine.model_config.max_model_len,
+            }
+        ],
+    }

@@ -38,8 +38,9 @@ def _speed(raw: Any, name: str = "speed") -> float:
     try:
         speed = float(raw)
     except (TypeError, ValueError):
-        raise _Refused(422, f"{name}: expected a number in [0, {MAX_SPEED:g}], got {raw!r}"
-                       ) from None
+        raise _Refused(
+            422, f"{name}: expected a number in [0, {MAX_SPEED:g}], got {raw!r}"
+        ) from None
     if isinstance(raw, bool) or not math.isfinite(speed) or not 0 <= speed <= MAX_SPEED:
         raise _Refused(422, f"{name}: expected a number in [0, {MAX_SPEED:g}], got {raw!r}")
     return speed
@@ -67,7 +68,7 @@ def parse_control(text: str) -> dict[str, Any]:
     try:
         msg = json.loads(text)
     except ValueError:
-        raise _Refused(422, "control message: expected JSON like {\"op\": \"pause\"}") from None
+        raise _Refused(422, 'control message: expected JSON like {"op": "pause"}') from None
     op = msg.get("op") if isinstance(msg, dict) else None
     if op in ("pause", "resume"):
         return {"op": op}
@@ -81,8 +82,9 @@ def parse_control(text: str) -> dict[str, Any]:
 class _Player:
     """Sends steps when due and applies control messages between them."""
 
-    def __init__(self, ws: WebSocket, cursor: StepCursor, speed: float,
-                 fields: list[str] | None) -> None:
+    def __init__(
+        self, ws: WebSocket, cursor: StepCursor, speed: float, fields: list[str] | None
+    ) -> None:
         self.ws = ws
         self.cursor = cursor
         self.pacer = Pacer(speed)
@@ -95,9 +97,18 @@ class _Player:
     async def state(self) -> None:
         state = "ended" if self.ended else "paused" if self.paused else "playing"
         nxt = self.next["step"] if self.next else None
-        await self.ws.send_text(json.dumps({"replay": {
-            "session": self.cursor.session_id, "state": state, "speed": self.pacer.speed,
-            "next": nxt}}))
+        await self.ws.send_text(
+            json.dumps(
+                {
+                    "replay": {
+                        "session": self.cursor.session_id,
+                        "state": state,
+                        "speed": self.pacer.speed,
+                        "next": nxt,
+                    }
+                }
+            )
+        )
 
     async def apply(self, msg: dict[str, Any]) -> None:
         op = msg["op"]

@@ -58,19 +58,27 @@ class Rerun:
         return self.task is not None and self.task.done()
 
     def progress(self) -> dict[str, Any]:
-        return {"session": self.session, "parent": self.parent, "requests": len(self.trace),
-                "submitted": self.submitted, "finished": self.finished, "failed": self.failed,
-                "speed": self.speed, "done": self.done, "errors": self.errors[:5]}
+        return {
+            "session": self.session,
+            "parent": self.parent,
+            "requests": len(self.trace),
+            "submitted": self.submitted,
+            "finished": self.finished,
+            "failed": self.failed,
+            "speed": self.speed,
+            "done": self.done,
+            "errors": self.errors[:5],
+        }
 
 
 async def run_rerun(
-    rerun: Rerun, loop: EngineLoop, recorder: Recorder, metrics: Metrics | None = None
+    rerun: Rerun, engine_loop: EngineLoop, recorder: Recorder, metrics: Metrics | None = None
 ) -> None:
     """Submit the trace at its offsets, wait for every request, then end the session; each
     ended request is counted in `metrics` like one served over HTTP."""
     aloop = asyncio.get_running_loop()
     all_done = asyncio.Event()
-    vocab = loop.engine.model_config.vocab_size
+    vocab = engine_loop.engine.model_config.vocab_size
 
     def settle() -> None:
         if rerun.finished + rerun.failed >= len(rerun.trace):
@@ -79,8 +87,9 @@ async def run_rerun(
     def finished_one(out: RequestOutput, prompt_len: int, sent: float) -> None:
         rerun.finished += 1
         if metrics is not None:
-            metrics.observe_request(out.finish_reason or "stop", prompt_len,
-                                    len(out.token_ids), time.time() - sent)
+            metrics.observe_request(
+                out.finish_reason or "stop", prompt_len, len(out.token_ids), time.time() - sent
+            )
         settle()
 
     def on_output_of(prompt_len: int) -> Callable[[RequestOutput], None]:
@@ -98,11 +107,12 @@ async def run_rerun(
             wait = item.offset_s / rerun.speed - (time.monotonic() - start)
             if wait > 0:
                 await asyncio.sleep(wait)
-            params = SamplingParams(max_tokens=max(1, item.output_len), temperature=0.0,
-                                    ignore_eos=True)
+            params = SamplingParams(
+                max_tokens=max(1, item.output_len), temperature=0.0, ignore_eos=True
+            )
             prompt = synth_prompt(f"{rerun.session}:{i}", item.prompt_len, vocab)
             try:
-                loop.submit(prompt, params, on_output_of(len(prompt)))
+                engine_loop.submit(prompt, params, on_output_of(len(prompt)))
                 rerun.submitted += 1
             except (ValueError, EngineDead) as exc:
                 rerun.failed += 1

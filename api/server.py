@@ -31,7 +31,10 @@ class ServerThread:
     """
 
     def __init__(
-        self, app: FastAPI, host: str = "127.0.0.1", port: int = 0,
+        self,
+        app: FastAPI,
+        host: str = "127.0.0.1",
+        port: int = 0,
         send_buffer: int | None = None,
     ) -> None:
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
@@ -41,8 +44,9 @@ class ServerThread:
         if send_buffer is not None:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
         self.sock.bind((host, port))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                       name="uvicorn", daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, name="uvicorn", daemon=True
+        )
         self.host = host
         self.port = self.sock.getsockname()[1]
 

@@ -26,7 +26,7 @@ SessionId = Annotated[str, Field(min_length=1, max_length=40)]
 
 
 def open_storage(
-    loop: EngineLoop, settings: ServerSettings
+    engine_loop: EngineLoop, settings: ServerSettings
 ) -> tuple[Store | None, Recorder | None]:
     """The session database and (unless recording is off) a recorder on the loop's buses."""
     if settings.db_url is None:
@@ -34,14 +34,20 @@ def open_storage(
     store = Store(settings.db_url, timeout_s=settings.db_timeout_s)
     if not settings.record:
         return store, None
-    return store, Recorder(store, loop.bus, loop.requests, max_pending=settings.record_buffer)
+    return store, Recorder(
+        store, engine_loop.bus, engine_loop.requests, max_pending=settings.record_buffer
+    )
 
 
-def session_meta(loop: EngineLoop, model_name: str) -> dict[str, Any]:
+def session_meta(engine_loop: EngineLoop, model_name: str) -> dict[str, Any]:
     """A session row's description of the live engine: model, configs, knobs now."""
-    return {"model": model_name, "engine_session": loop.engine.session,
-            "config": engine_description(loop), "knobs": loop.knobs.model_dump(),
-            "knobs_version": loop.engine.knobs_version}
+    return {
+        "model": model_name,
+        "engine_session": engine_loop.engine.session,
+        "config": engine_description(engine_loop),
+        "knobs": engine_loop.knobs.model_dump(),
+        "knobs_version": engine_loop.engine.knobs_version,
+    }
 
 
 def _store(request: Request) -> Store:
@@ -64,13 +70,16 @@ def _require(store: Store, session_id: str) -> None:
 
 @router.get("/api/sessions")
 def list_sessions(
-    request: Request, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    request: Request,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> dict[str, Any]:
     """Newest first, with duration, steps, requests, model and the knobs at start."""
     recorder: Recorder | None = request.app.state.recorder
-    return {"sessions": q.list_sessions(_store(request), limit, offset),
-            "recording": recorder.current_session if recorder else None}
+    return {
+        "sessions": q.list_sessions(_store(request), limit, offset),
+        "recording": recorder.current_session if recorder else None,
+    }
 
 
 @router.get("/api/sessions/{session_id}")
@@ -89,7 +98,8 @@ def get_session(request: Request, session_id: str) -> dict[str, Any]:
 
 @router.get("/api/sessions/{session_id}/steps")
 def get_steps(
-    request: Request, session_id: str,
+    request: Request,
+    session_id: str,
     start: Annotated[int | None, Query(alias="from", ge=0)] = None,
     end: Annotated[int | None, Query(alias="to", ge=0)] = None,
     limit: Annotated[int, Query(ge=1, le=q.MAX_STEPS_PER_QUERY)] = 1000,
@@ -102,8 +112,7 @@ def get_steps(
     _require(store, session_id)
     steps = q.steps(store, session_id, start, end, limit, every)
     more = len(steps) == limit and (end is None or steps[-1]["step"] < end)
-    return {"session": session_id, "steps": steps,
-            "next": steps[-1]["step"] + 1 if more else None}
+    return {"session": session_id, "steps": steps, "next": steps[-1]["step"] + 1 if more else None}
 
 
 @router.get("/api/sessions/{session_id}/knob_changes")
@@ -150,7 +159,9 @@ def label_session(request: Request, session_id: str, body: LabelBody) -> dict[st
 
 @router.get("/api/sessions/{session_id}/export", response_model=None)
 def export_session(
-    request: Request, session_id: str, format: Literal["jsonl", "parquet"] = "jsonl",
+    request: Request,
+    session_id: str,
+    format: Literal["jsonl", "parquet"] = "jsonl",
     table: Literal["steps", "requests", "knob_changes"] = "steps",
 ) -> Response:
     """JSONL: every record of the session, typed; Parquet: one table (`table`)."""
@@ -158,12 +169,18 @@ def export_session(
     _require(store, session_id)
     name = f"moescope-{session_id}"
     if format == "jsonl":
-        return StreamingResponse(iter_jsonl(store, session_id), media_type="application/x-ndjson",
-                                 headers=_attachment(f"{name}.jsonl"))
+        return StreamingResponse(
+            iter_jsonl(store, session_id),
+            media_type="application/x-ndjson",
+            headers=_attachment(f"{name}.jsonl"),
+        )
     buf = io.BytesIO()
     write_parquet(store, session_id, buf, table)
-    return Response(buf.getvalue(), media_type="application/vnd.apache.parquet",
-                    headers=_attachment(f"{name}-{table}.parquet"))
+    return Response(
+        buf.getvalue(),
+        media_type="application/vnd.apache.parquet",
+        headers=_attachment(f"{name}-{table}.parquet"),
+    )
 
 
 def _attachment(filename: str) -> dict[str, str]:
@@ -172,7 +189,9 @@ def _attachment(filename: str) -> dict[str, str]:
 
 @router.post("/api/sessions/{session_id}/rerun", status_code=202)
 async def rerun_session(
-    request: Request, session_id: str, speed: Annotated[float, Query(gt=0, le=1000)] = 1.0,
+    request: Request,
+    session_id: str,
+    speed: Annotated[float, Query(gt=0, le=1000)] = 1.0,
 ) -> dict[str, Any]:
     """Replay the session's request trace on the live engine as a new, linked session."""
     app = request.app
@@ -188,13 +207,17 @@ async def rerun_session(
     except SessionNotFound:
         raise _found(session_id) from None
     if not records:
-        raise APIError(422, f"session {session_id!r} has no recorded requests to rerun",
-                       "session_id")
-    loop: EngineLoop = app.state.loop
+        raise APIError(
+            422, f"session {session_id!r} has no recorded requests to rerun", "session_id"
+        )
+    engine_loop: EngineLoop = app.state.engine_loop
     new = recorder.begin_session(
-        "rerun", parent_id=session_id, label=f"rerun of {session_id}",
-        **session_meta(loop, app.state.settings.model_name))
+        "rerun",
+        parent_id=session_id,
+        label=f"rerun of {session_id}",
+        **session_meta(engine_loop, app.state.settings.model_name),
+    )
     rerun = Rerun(new, session_id, trace_of(records), speed)
-    rerun.task = asyncio.create_task(run_rerun(rerun, loop, recorder, app.state.metrics))
+    rerun.task = asyncio.create_task(run_rerun(rerun, engine_loop, recorder, app.state.metrics))
     app.state.rerun = rerun
     return rerun.progress()

@@ -24,8 +24,9 @@ def default_db() -> str:
 
 
 def _db_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--db", default=default_db(),
-                   help="SQLAlchemy URL (default: $MOESCOPE_DB or %(default)s)")
+    p.add_argument(
+        "--db", default=default_db(), help="SQLAlchemy URL (default: $MOESCOPE_DB or %(default)s)"
+    )
 
 
 def _when(t: float | None) -> str:
@@ -37,13 +38,17 @@ def cmd_list(store: Store, args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(rows, indent=2))
         return
-    print(f"{'id':<13} {'started':<19} {'kind':<6} {'duration':>9} {'steps':>7} {'reqs':>6} "
-          f"{'dropped':>7}  model / label")
+    print(
+        f"{'id':<13} {'started':<19} {'kind':<6} {'duration':>9} {'steps':>7} {'reqs':>6} "
+        f"{'dropped':>7}  model / label"
+    )
     for s in rows:
-        name = s["model"] + (f"  \"{s['label']}\"" if s["label"] else "")
-        print(f"{s['id']:<13} {_when(s['started_t']):<19} {s['kind']:<6} "
-              f"{s['duration_s']:>8.1f}s {s['steps']:>7} {s['requests']:>6} {s['dropped']:>7}"
-              f"  {name}")
+        name = s["model"] + (f'  "{s["label"]}"' if s["label"] else "")
+        print(
+            f"{s['id']:<13} {_when(s['started_t']):<19} {s['kind']:<6} "
+            f"{s['duration_s']:>8.1f}s {s['steps']:>7} {s['requests']:>6} {s['dropped']:>7}"
+            f"  {name}"
+        )
 
 
 def cmd_show(store: Store, args: argparse.Namespace) -> None:
@@ -53,14 +58,20 @@ def cmd_show(store: Store, args: argparse.Namespace) -> None:
         return
     for key in ("id", "label", "kind", "parent", "model", "engine_session"):
         print(f"{key:<16}{s[key] if s[key] is not None else '-'}")
-    print(f"{'started':<16}{_when(s['started_t'])}   ended {_when(s['ended_t'])}   "
-          f"duration {s['duration_s']:.1f} s")
-    print(f"{'steps':<16}{s['steps']} (from {s['first_step']} to {s['last_step']}), "
-          f"{s['dropped']} dropped, mean {s['mean_step_ms']} ms")
+    print(
+        f"{'started':<16}{_when(s['started_t'])}   ended {_when(s['ended_t'])}   "
+        f"duration {s['duration_s']:.1f} s"
+    )
+    print(
+        f"{'steps':<16}{s['steps']} (from {s['first_step']} to {s['last_step']}), "
+        f"{s['dropped']} dropped, mean {s['mean_step_ms']} ms"
+    )
     stats = s["request_stats"]
-    print(f"{'requests':<16}{s['requests']}  {stats['finish_reasons']}  prompt tokens "
-          f"{stats['prompt_tokens']}, output tokens {stats['output_tokens']}, TTFT ms p50 "
-          f"{stats['ttft_ms_p50']} p90 {stats['ttft_ms_p90']}")
+    print(
+        f"{'requests':<16}{s['requests']}  {stats['finish_reasons']}  prompt tokens "
+        f"{stats['prompt_tokens']}, output tokens {stats['output_tokens']}, TTFT ms p50 "
+        f"{stats['ttft_ms_p50']} p90 {stats['ttft_ms_p90']}"
+    )
     print(f"{'knob changes':<16}{s['knob_changes']}")
     print(f"{'knobs at start':<16}{json.dumps(s['knobs'])}")
     if s["reruns"]:
@@ -109,10 +120,12 @@ def step_line(r: dict[str, Any], t0: float) -> str:
     """One compact line per replayed step."""
     b, qu, kv = r["batch"], r["queue"], r["kv"]
     balance = r["experts"]["balance"]
-    line = (f"step {r['step']:>6} +{r['t'] - t0:8.3f}s  run {qu['running']:>3} "
-            f"wait {qu['waiting']:>3} swap {qu['swapped']:>2}  tok {b['num_prefill_tokens']:>5}p "
-            f"{b['num_decode_tokens']:>4}d  kv {kv['used']}/{kv['usable']}  "
-            f"bal {sum(balance) / max(1, len(balance)):.2f}  {r['dur_ms']['total']:8.2f} ms")
+    line = (
+        f"step {r['step']:>6} +{r['t'] - t0:8.3f}s  run {qu['running']:>3} "
+        f"wait {qu['waiting']:>3} swap {qu['swapped']:>2}  tok {b['num_prefill_tokens']:>5}p "
+        f"{b['num_decode_tokens']:>4}d  kv {kv['used']}/{kv['usable']}  "
+        f"bal {sum(balance) / max(1, len(balance)):.2f}  {r['dur_ms']['total']:8.2f} ms"
+    )
     for change in r.get("knob_changes") or ():
         line += f"  knobs v{change['version']} {change['changes']}"
     return line
@@ -144,6 +157,7 @@ def _run(func: Callable[[Store, argparse.Namespace], None]) -> Callable[[argpars
             raise SystemExit(f"{name}: {exc}") from None
         finally:
             store.close()
+
     return run
 
 
@@ -163,14 +177,20 @@ def add_session_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("id")
     p.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")
     p.add_argument("--table", choices=TABLES, default="steps", help="Parquet only")
-    p.add_argument("-o", "--output", default=None,
-                   help="file (default moescope-ID.jsonl / moescope-ID-TABLE.parquet; "
-                        "'-' = stdout for JSONL)")
+    p.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        help="file (default moescope-ID.jsonl / moescope-ID-TABLE.parquet; '-' = stdout for JSONL)",
+    )
     p.set_defaults(func=_run(cmd_export))
     p = actions.add_parser("delete", help="remove a session and its records")
     p.add_argument("id")
-    p.add_argument("--force", action="store_true",
-                   help="delete it even if it is still open (a server may be recording it)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="delete it even if it is still open (a server may be recording it)",
+    )
     p.set_defaults(func=_run(cmd_delete))
     p = actions.add_parser("label", help="name a session ('' clears the name)")
     p.add_argument("id")

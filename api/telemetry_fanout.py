@@ -44,8 +44,9 @@ class ClientQueue:
     """One client's queue of encoded steps: it keeps the newest `maxlen` (or the whole latest
     burst, if larger) and counts the older ones it drops."""
 
-    def __init__(self, maxlen: int, every: int, fields: Fields, recorder: bool,
-                 bundle: bool = False) -> None:
+    def __init__(
+        self, maxlen: int, every: int, fields: Fields, recorder: bool, bundle: bool = False
+    ) -> None:
         self.maxlen = maxlen
         self.every = every
         self.fields = fields
@@ -80,9 +81,13 @@ class ClientQueue:
 class TelemetryFanout:
     """Subscribes to `bus` while at least one client is attached; runs on the event loop."""
 
-    def __init__(self, bus: TelemetryBus, maxlen: int,
-                 brief: Callable[[], dict[str, Any]] | None = None,
-                 batch_s: float = BATCH_S) -> None:
+    def __init__(
+        self,
+        bus: TelemetryBus,
+        maxlen: int,
+        brief: Callable[[], dict[str, Any]] | None = None,
+        batch_s: float = BATCH_S,
+    ) -> None:
         self.bus = bus
         self.maxlen = maxlen
         self.brief = brief
@@ -92,8 +97,9 @@ class TelemetryFanout:
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
 
-    def attach(self, every: int = 1, fields: Sequence[str] | None = None,
-               bundle: bool = False) -> ClientQueue:
+    def attach(
+        self, every: int = 1, fields: Sequence[str] | None = None, bundle: bool = False
+    ) -> ClientQueue:
         """A new client's queue; `fields` as parse_query gives them (None: everything)."""
         key = None if fields is None else tuple(fields)
         recorder = self.brief is not None and (key is None or "recorder" in key)
@@ -101,8 +107,9 @@ class TelemetryFanout:
         self.clients.append(client)
         if self._task is None:
             aloop = asyncio.get_running_loop()
-            self._sub = self.bus.subscribe(BUS_BUFFER,
-                                           lambda: aloop.call_soon_threadsafe(self._wake.set))
+            self._sub = self.bus.subscribe(
+                BUS_BUFFER, lambda: aloop.call_soon_threadsafe(self._wake.set)
+            )
             self._task = asyncio.create_task(self._pump(self._sub))
         return client
 
@@ -142,8 +149,7 @@ class TelemetryFanout:
                     continue
                 key = (client.fields, client.recorder)
                 if key not in texts:
-                    texts[key] = encode(record, client.fields,
-                                         current if client.recorder else None)
+                    texts[key] = encode(record, client.fields, current if client.recorder else None)
                 bursts[id(client)].append(texts[key])
         for client in self.clients:
             if bursts[id(client)]:

@@ -59,8 +59,11 @@ def fanout(app: Any) -> TelemetryFanout:
     hub: TelemetryFanout | None = getattr(app.state, "telemetry_fanout", None)
     if hub is None:
         recorder: Recorder | None = app.state.recorder
-        hub = TelemetryFanout(app.state.loop.bus, app.state.settings.ws_buffer,
-                              recorder.brief if recorder is not None else None)
+        hub = TelemetryFanout(
+            app.state.engine_loop.bus,
+            app.state.settings.ws_buffer,
+            recorder.brief if recorder is not None else None,
+        )
         app.state.telemetry_fanout = hub
     return hub
 

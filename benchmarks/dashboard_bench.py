@@ -63,9 +63,12 @@ MODEL = "synthetic:tiny"
 RUNNING = 8
 DASHBOARD = f"3 consumers, bundled, at the dashboard's priority (nice {NICE})"
 MODES: dict[str, tuple[str, int] | None] = {  # name: (path, niceness) of the consumers
-    "none": None, "none again (A/A control)": None,
+    "none": None,
+    "none again (A/A control)": None,
     "3 consumers, one message a step": ("/ws/telemetry", 0),
-    "3 consumers, bundled": (LIVE_PATH, 0), DASHBOARD: (LIVE_PATH, NICE)}
+    "3 consumers, bundled": (LIVE_PATH, 0),
+    DASHBOARD: (LIVE_PATH, NICE),
+}
 
 
 class Traffic:
@@ -105,8 +108,10 @@ def consumer(url: str, path: str, nice: int, n: int, seconds: float, out: str) -
     of stream 0 and its last frames go to `out` as JSON."""
     if nice:
         os.nice(nice)
-    streams = [TelemetryStream(ws_url(url, path), maxlen=600, window=StepWindow(600)).start()
-               for _ in range(n)]
+    streams = [
+        TelemetryStream(ws_url(url, path), maxlen=600, window=StepWindow(600)).start()
+        for _ in range(n)
+    ]
     deadline = time.monotonic() + 10
     while any(s.state != CONNECTED for s in streams) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -117,22 +122,35 @@ def consumer(url: str, path: str, nice: int, n: int, seconds: float, out: str) -
         time.sleep(0.25)
         frames = streams[0].frames()
         if frames:
-            samples.append({"now": time.time(), "step": frames[-1]["step"],
-                            "lag_s": time.time() - frames[-1]["t"],
-                            "received": streams[0].received})
-    result = {"samples": samples, "frames": streams[0].frames(),
-              "dropped": [s.dropped for s in streams], "received": [s.received for s in streams]}
+            samples.append(
+                {
+                    "now": time.time(),
+                    "step": frames[-1]["step"],
+                    "lag_s": time.time() - frames[-1]["t"],
+                    "received": streams[0].received,
+                }
+            )
+    result = {
+        "samples": samples,
+        "frames": streams[0].frames(),
+        "dropped": [s.dropped for s in streams],
+        "received": [s.received for s in streams],
+    }
     for s in streams:
         s.stop()
     Path(out).write_text(json.dumps(result))
 
 
-def spawn(url: str, n: int, seconds: float, out: str, path: str = LIVE_PATH,
-          nice: int = NICE) -> subprocess.Popen[str]:
+def spawn(
+    url: str, n: int, seconds: float, out: str, path: str = LIVE_PATH, nice: int = NICE
+) -> subprocess.Popen[str]:
     """A consumer process, by default as `moescope dashboard` runs: bundled, niced."""
-    proc = subprocess.Popen([sys.executable, __file__, "--consumer", url, path, str(nice),
-                             str(n), str(seconds), out], stdout=subprocess.PIPE, text=True,
-                            cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--consumer", url, path, str(nice), str(n), str(seconds), out],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "connected"
     return proc
 
@@ -153,8 +171,11 @@ def lag_run(url: str, loop: EngineLoop, seconds: float, tmp: str) -> dict[str, A
     for s in samples:  # steps the server made since the newest received one, at this rate
         s["step_lag"] = s["lag_s"] * rate
     return {
-        "seconds": seconds, "steps_per_s": rate, "server_steps_per_s": server_rate,
-        "samples": len(samples), "dropped": res["dropped"][0],
+        "seconds": seconds,
+        "steps_per_s": rate,
+        "server_steps_per_s": server_rate,
+        "samples": len(samples),
+        "dropped": res["dropped"][0],
         "lag_ms_first": 1000 * statistics.mean(s["lag_s"] for s in first),
         "lag_ms_last": 1000 * statistics.mean(s["lag_s"] for s in last),
         "lag_ms_max": 1000 * max(s["lag_s"] for s in samples),
@@ -180,14 +201,21 @@ def render_run(frames: list[dict[str, Any]], repeats: int) -> dict[str, float]:
         figs = charts.live_figures(window.view(600))
         t1 = time.perf_counter()
         for f in figs.values():  # what st.plotly_chart does with a figure
-            plotly.io.to_json(plotly.tools.return_figure_from_figure_or_data(f, True),
-                              validate=False)
+            plotly.io.to_json(
+                plotly.tools.return_figure_from_figure_or_data(f, True), validate=False
+            )
         t2 = time.perf_counter()
         build.append(1000 * (t1 - t0))
         full.append(1000 * (t2 - t0))
-    return {"frames": len(frames), "panels": len(figs), "ingest_us": ingest_us,
-            "build_ms": statistics.median(build), "build_json_ms": statistics.median(full),
-            "build_ms_max": max(build), "build_json_ms_max": max(full)}
+    return {
+        "frames": len(frames),
+        "panels": len(figs),
+        "ingest_us": ingest_us,
+        "build_ms": statistics.median(build),
+        "build_json_ms": statistics.median(full),
+        "build_ms_max": max(build),
+        "build_json_ms_max": max(full),
+    }
 
 
 def _cpu_s(server: ServerThread, proc: subprocess.Popen[str] | None) -> tuple[float, float]:
@@ -200,8 +228,9 @@ def _cpu_s(server: ServerThread, proc: subprocess.Popen[str] | None) -> tuple[fl
     return thread, times.user + times.system
 
 
-def _block(loop: EngineLoop, server: ServerThread, proc: subprocess.Popen[str] | None,
-           seconds: float) -> dict[str, float]:
+def _block(
+    loop: EngineLoop, server: ServerThread, proc: subprocess.Popen[str] | None, seconds: float
+) -> dict[str, float]:
     """Per engine step over `seconds`: wall and engine-thread CPU ms of the step, and the CPU
     ms the server thread and the consumer process spent meanwhile."""
     b0, c0, s0 = loop.busy_s, loop.busy_cpu_s, loop.steps
@@ -209,22 +238,29 @@ def _block(loop: EngineLoop, server: ServerThread, proc: subprocess.Popen[str] |
     time.sleep(seconds)
     server1, consumer1 = _cpu_s(server, proc)
     n = max(loop.steps - s0, 1)
-    return {"wall": 1000 * (loop.busy_s - b0) / n, "cpu": 1000 * (loop.busy_cpu_s - c0) / n,
-            "server": 1000 * (server1 - server0) / n,
-            "consumer": 1000 * (consumer1 - consumer0) / n}
+    return {
+        "wall": 1000 * (loop.busy_s - b0) / n,
+        "cpu": 1000 * (loop.busy_cpu_s - c0) / n,
+        "server": 1000 * (server1 - server0) / n,
+        "consumer": 1000 * (consumer1 - consumer0) / n,
+    }
 
 
-def overhead_run(url: str, loop: EngineLoop, server: ServerThread, rounds: int,
-                 block_s: float, tmp: str) -> dict[str, Any]:
+def overhead_run(
+    url: str, loop: EngineLoop, server: ServerThread, rounds: int, block_s: float, tmp: str
+) -> dict[str, Any]:
     """Blocks of each mode (MODES), in an order rotated every round; per-mode means and
     ratios to `none`, and the median over rounds of each round's ratio."""
     blocks: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
     names = list(MODES)
     for r in range(rounds):
-        for mode in names[r % len(names):] + names[:r % len(names)]:
+        for mode in names[r % len(names) :] + names[: r % len(names)]:
             kind = MODES[mode]
-            proc = None if kind is None else spawn(url, 3, block_s + 1.0,
-                                                   os.path.join(tmp, f"{r}.json"), *kind)
+            proc = (
+                None
+                if kind is None
+                else spawn(url, 3, block_s + 1.0, os.path.join(tmp, f"{r}.json"), *kind)
+            )
             time.sleep(0.3)
             blocks[mode].append(_block(loop, server, proc, block_s))
             if proc is not None:
@@ -236,22 +272,21 @@ def overhead_run(url: str, loop: EngineLoop, server: ServerThread, rounds: int,
         mean["ratio"] = mean["wall"] / statistics.mean(b["wall"] for b in none)
         mean["cpu_ratio"] = mean["cpu"] / statistics.mean(b["cpu"] for b in none)
         mean["pair_median"] = statistics.median(
-            b["wall"] / a["wall"] for a, b in zip(none, bs, strict=True))
+            b["wall"] / a["wall"] for a, b in zip(none, bs, strict=True)
+        )
         out[mode] = mean
     return out
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    loop = build_loop(MODEL, num_kv_blocks=256, max_num_seqs=RUNNING,
-                      max_num_batched_tokens=256)
+    loop = build_loop(MODEL, num_kv_blocks=256, max_num_seqs=RUNNING, max_num_batched_tokens=256)
     server = ServerThread(create_app(loop, ServerSettings(model_name=MODEL))).start()
     try:
         with Traffic(loop), tempfile.TemporaryDirectory() as tmp:
             time.sleep(0.5)
             lag = lag_run(server.url, loop, args.lag_s, tmp)
             render = render_run(lag.pop("frames")[-600:], args.repeats)
-            overhead = overhead_run(server.url, loop, server, args.rounds, args.block_s,
-                                    tmp)
+            overhead = overhead_run(server.url, loop, server, args.rounds, args.block_s, tmp)
     finally:
         server.stop()
         loop.stop()
@@ -266,42 +301,79 @@ def render_section(res: dict[str, Any], argv: list[str], runtime_s: float) -> st
     cmd = " ".join(["python benchmarks/dashboard_bench.py", *argv])
     keeps = lag["lag_ms_last"] <= lag["lag_ms_first"] + 50  # a growing backlog exceeds this
     rows = [
-        ("engine steps/s seen by the stream", f"{lag['steps_per_s']:.0f}", ">= 100",
-         "yes" if lag["steps_per_s"] >= 100 else "no"),
-        ("lag, first / last quarter (ms)", f"{lag['lag_ms_first']:.1f} / "
-         f"{lag['lag_ms_last']:.1f} (max {lag['lag_ms_max']:.1f})", "not growing",
-         "yes" if keeps else "no"),
-        ("engine steps/s (loop counter, incl. startup of the consumer)",
-         f"{lag['server_steps_per_s']:.0f}", "–", "–"),
-        ("lag in steps (lag × steps/s), first / last quarter", f"{lag['step_lag_first']:.2f} / "
-         f"{lag['step_lag_last']:.2f} (max {lag['step_lag_max']:.2f})", "not growing",
-         "yes" if keeps else "no"),
-        ("steps dropped for the stream", str(lag["dropped"]), "0",
-         "yes" if lag["dropped"] == 0 else "no"),
-        (f"render one refresh of {ren['frames']} steps, {ren['panels']} panels: view, charts "
-         "and their JSON as st.plotly_chart makes it (ms, median)",
-         f"{ren['build_json_ms']:.1f} (max {ren['build_json_ms_max']:.1f})", "< 200",
-         "yes" if ren["build_json_ms"] < 200 else "no"),
-        ("… of which view and chart functions (ms, median)",
-         f"{ren['build_ms']:.1f} (max {ren['build_ms_max']:.1f})", "–", "–"),
-        ("frames into the StepWindow as they arrive (µs per frame, stream thread)",
-         f"{ren['ingest_us']:.1f}", "–", "–"),
-        ("ratio of mean step time, 3 dashboard consumers (bundled, niced) / none",
-         f"{bundled['ratio']:.3f} "
-         f"(median of the rounds' ratios {bundled['pair_median']:.3f}; engine-thread CPU "
-         f"{bundled['cpu_ratio']:.3f})", "<= 1.03", "yes" if bundled["ratio"] <= 1.03 else "no"),
-        ("… the same ratio for two runs of none (A/A: the noise of this machine)",
-         f"{aa['ratio']:.3f} (median of the rounds' ratios {aa['pair_median']:.3f})", "–", "–"),
+        (
+            "engine steps/s seen by the stream",
+            f"{lag['steps_per_s']:.0f}",
+            ">= 100",
+            "yes" if lag["steps_per_s"] >= 100 else "no",
+        ),
+        (
+            "lag, first / last quarter (ms)",
+            f"{lag['lag_ms_first']:.1f} / {lag['lag_ms_last']:.1f} (max {lag['lag_ms_max']:.1f})",
+            "not growing",
+            "yes" if keeps else "no",
+        ),
+        (
+            "engine steps/s (loop counter, incl. startup of the consumer)",
+            f"{lag['server_steps_per_s']:.0f}",
+            "–",
+            "–",
+        ),
+        (
+            "lag in steps (lag × steps/s), first / last quarter",
+            f"{lag['step_lag_first']:.2f} / "
+            f"{lag['step_lag_last']:.2f} (max {lag['step_lag_max']:.2f})",
+            "not growing",
+            "yes" if keeps else "no",
+        ),
+        (
+            "steps dropped for the stream",
+            str(lag["dropped"]),
+            "0",
+            "yes" if lag["dropped"] == 0 else "no",
+        ),
+        (
+            f"render one refresh of {ren['frames']} steps, {ren['panels']} panels: view, charts "
+            "and their JSON as st.plotly_chart makes it (ms, median)",
+            f"{ren['build_json_ms']:.1f} (max {ren['build_json_ms_max']:.1f})",
+            "< 200",
+            "yes" if ren["build_json_ms"] < 200 else "no",
+        ),
+        (
+            "… of which view and chart functions (ms, median)",
+            f"{ren['build_ms']:.1f} (max {ren['build_ms_max']:.1f})",
+            "–",
+            "–",
+        ),
+        (
+            "frames into the StepWindow as they arrive (µs per frame, stream thread)",
+            f"{ren['ingest_us']:.1f}",
+            "–",
+            "–",
+        ),
+        (
+            "ratio of mean step time, 3 dashboard consumers (bundled, niced) / none",
+            f"{bundled['ratio']:.3f} "
+            f"(median of the rounds' ratios {bundled['pair_median']:.3f}; engine-thread CPU "
+            f"{bundled['cpu_ratio']:.3f})",
+            "<= 1.03",
+            "yes" if bundled["ratio"] <= 1.03 else "no",
+        ),
+        (
+            "… the same ratio for two runs of none (A/A: the noise of this machine)",
+            f"{aa['ratio']:.3f} (median of the rounds' ratios {aa['pair_median']:.3f})",
+            "–",
+            "–",
+        ),
     ]
-    import torch  # noqa: PLC0415 - only for the machine line
+    import torch  # only for the machine line
 
     lines = [
         BEGIN,
         "## Dashboard stream and render (`benchmarks/dashboard_bench.py`)",
         "",
         f"- Command: `{cmd}`",
-        f"- Date: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; total runtime "
-        f"{runtime_s:.0f} s",
+        f"- Date: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; total runtime {runtime_s:.0f} s",
         f"- Machine: {os.cpu_count()} CPU cores, shared (other work runs at the same time); "
         f"torch {torch.__version__}, Python {platform.python_version()}",
         f"- Workload: {MODEL} behind a real server, kept at {RUNNING} running requests "
@@ -326,9 +398,12 @@ def render_section(res: dict[str, Any], argv: list[str], runtime_s: float) -> st
         "| consumers | mean step ms (wall) | engine-thread CPU ms | server thread CPU ms | "
         "consumer process CPU ms | ratio to none (wall; median of rounds; CPU) |",
         "| --- | --- | --- | --- | --- | --- |",
-        *[f"| {mode} | {m['wall']:.3f} | {m['cpu']:.3f} | {m['server']:.3f} | "
-          f"{m['consumer']:.3f} | {m['ratio']:.3f}; {m['pair_median']:.3f}; "
-          f"{m['cpu_ratio']:.3f} |" for mode, m in ((k, ov[k]) for k in MODES)],
+        *[
+            f"| {mode} | {m['wall']:.3f} | {m['cpu']:.3f} | {m['server']:.3f} | "
+            f"{m['consumer']:.3f} | {m['ratio']:.3f}; {m['pair_median']:.3f}; "
+            f"{m['cpu_ratio']:.3f} |"
+            for mode, m in ((k, ov[k]) for k in MODES)
+        ],
         "",
         f"Reading: the A/A control's ratio ({aa['ratio']:.3f}) is how far two identical "
         "conditions drift apart on this shared machine; wall ratios inside that band are "
@@ -337,9 +412,12 @@ def render_section(res: dict[str, Any], argv: list[str], runtime_s: float) -> st
         "step, on another thread); the consumers' own CPU is in their process, which yields "
         "to the engine at the dashboard's priority.",
         "",
-        "Per-block mean step ms (wall): " + "; ".join(
+        "Per-block mean step ms (wall): "
+        + "; ".join(
             f"{mode}: " + " / ".join(f"{b['wall']:.3f}" for b in ov["blocks"][mode])
-            for mode in MODES) + ".",
+            for mode in MODES
+        )
+        + ".",
         END,
     ]
     return "\n".join(lines)

@@ -78,18 +78,26 @@ def measure(engine: LLMEngine, name: str, batch: list[list[int]], max_tokens: in
     while engine.has_unfinished():
         steps.append(engine.step().telemetry.model_dump())
     wall = time.perf_counter() - t0
-    tokens = sum(s["batch"]["num_prefill_tokens"] + s["batch"]["num_decode_tokens"]
-                 for s in steps)
+    tokens = sum(s["batch"]["num_prefill_tokens"] + s["batch"]["num_decode_tokens"] for s in steps)
     sent = sum(sum(map(sum, s["a2a"]["bytes"])) for s in steps)
     gathered = sum(sum(map(sum, s["a2a"]["gather_bytes"])) for s in steps)
     pairs = [sum(s["a2a"]["rank_tokens"]) for s in steps]
     imbalance = sum(s["a2a"]["imbalance"] * w for s, w in zip(steps, pairs, strict=True))
     moe_ms = [sum(col) for col in zip(*(s["a2a"]["rank_moe_ms"] for s in steps), strict=True)]
     moe = sum(s["dur_ms"]["moe"] for s in steps) / len(steps)
-    return Run(name, len(steps), tokens, wall, 1000 * wall / len(steps), moe, sent / tokens,
-               gathered / tokens, imbalance / sum(pairs),
-               [sum(col) for col in zip(*(s["a2a"]["rank_tokens"] for s in steps), strict=True)],
-               [round(m, 1) for m in moe_ms])
+    return Run(
+        name,
+        len(steps),
+        tokens,
+        wall,
+        1000 * wall / len(steps),
+        moe,
+        sent / tokens,
+        gathered / tokens,
+        imbalance / sum(pairs),
+        [sum(col) for col in zip(*(s["a2a"]["rank_tokens"] for s in steps), strict=True)],
+        [round(m, 1) for m in moe_ms],
+    )
 
 
 def run_all(model: str, skew: float, n: int, max_tokens: int) -> tuple[list[Run], list[str]]:
@@ -102,9 +110,11 @@ def run_all(model: str, skew: float, n: int, max_tokens: int) -> tuple[list[Run]
         runs.append(measure(ranks, "2 ranks, contiguous", prompts(n, 2), max_tokens))
         for replicas in (0, 2):
             summary = ranks.rebalance(window=runs[-1].steps, replicas=replicas)
-            notes.append(f"rebalance (replicas {replicas}): predicted imbalance "
-                         f"{summary['imbalance_before']} -> {summary['imbalance_after']}, "
-                         f"{summary['moved_bytes'] / 1e6:.1f} MB of expert weights moved")
+            notes.append(
+                f"rebalance (replicas {replicas}): predicted imbalance "
+                f"{summary['imbalance_before']} -> {summary['imbalance_after']}, "
+                f"{summary['moved_bytes'] / 1e6:.1f} MB of expert weights moved"
+            )
             name = f"2 ranks, rebalanced{f' + {replicas} replicas' if replicas else ''}"
             runs.append(measure(ranks, name, prompts(n, 3 + replicas), max_tokens))
     finally:
@@ -112,8 +122,15 @@ def run_all(model: str, skew: float, n: int, max_tokens: int) -> tuple[list[Run]
     return runs, notes
 
 
-def render(runs: list[Run], notes: list[str], command: str, model: str, skew: float,
-           n: int, max_tokens: int) -> str:
+def render(
+    runs: list[Run],
+    notes: list[str],
+    command: str,
+    model: str,
+    skew: float,
+    n: int,
+    max_tokens: int,
+) -> str:
     base = runs[0].step_ms
     lines = [
         BEGIN,
@@ -132,10 +149,12 @@ def render(runs: list[Run], notes: list[str], command: str, model: str, skew: fl
     ]
     for r in runs:
         slowest = f" ({max(r.rank_moe_ms)})" if r.rank_moe_ms else ""
-        lines.append(f"| {r.name} | {r.steps} | {r.step_ms:.1f} ({r.step_ms / base:.2f}x) | "
-                     f"{r.moe_ms:.1f} | {r.bytes_per_token:,.0f} | "
-                     f"{r.gather_per_token:,.0f} | {r.imbalance:.3f} | "
-                     f"{r.rank_tokens} | {r.rank_moe_ms or '-'}{slowest} |")
+        lines.append(
+            f"| {r.name} | {r.steps} | {r.step_ms:.1f} ({r.step_ms / base:.2f}x) | "
+            f"{r.moe_ms:.1f} | {r.bytes_per_token:,.0f} | "
+            f"{r.gather_per_token:,.0f} | {r.imbalance:.3f} | "
+            f"{r.rank_tokens} | {r.rank_moe_ms or '-'}{slowest} |"
+        )
     lines += ["", *[f"- {note}" for note in notes], "", READING, END]
     return "\n".join(lines)
 
@@ -144,9 +163,13 @@ def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny model, few requests")
     p.add_argument("--skew", type=float, default=1.5, help="router_skew of the model")
-    p.add_argument("--results", type=Path, default=None,
-                   help="RESULTS.md to update (default benchmarks/RESULTS.md; --quick writes "
-                        "nothing unless given)")
+    p.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="RESULTS.md to update (default benchmarks/RESULTS.md; --quick writes "
+        "nothing unless given)",
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     model, n, max_tokens = ("synthetic:tiny", 6, 4) if args.quick else ("synthetic:small", 48, 32)

@@ -42,9 +42,19 @@ QUICK = dict(hidden=32, inter=48, experts=4, top_k=2, tokens=(1, 8))
 
 
 def our_block(hidden: int, inter: int, experts: int, top_k: int, seed: int) -> MoEBlock:
-    cfg = ModelConfig(family="mixtral", vocab_size=32, hidden_size=hidden, num_layers=1,
-                      num_heads=1, num_kv_heads=1, head_dim=hidden, moe_intermediate_size=inter,
-                      num_experts=experts, top_k=top_k, norm_topk_prob=True)
+    cfg = ModelConfig(
+        family="mixtral",
+        vocab_size=32,
+        hidden_size=hidden,
+        num_layers=1,
+        num_heads=1,
+        num_kv_heads=1,
+        head_dim=hidden,
+        moe_intermediate_size=inter,
+        num_experts=experts,
+        top_k=top_k,
+        norm_topk_prob=True,
+    )
     block = MoEBlock(cfg)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -60,8 +70,12 @@ def hf_block(ours: MoEBlock, experts_impl: str) -> torch.nn.Module:
     from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 
     e, h, two_i = ours.w_gate_up.shape
-    config = MixtralConfig(hidden_size=h, intermediate_size=two_i // 2, num_local_experts=e,
-                           num_experts_per_tok=ours.top_k)
+    config = MixtralConfig(
+        hidden_size=h,
+        intermediate_size=two_i // 2,
+        num_local_experts=e,
+        num_experts_per_tok=ours.top_k,
+    )
     config._experts_implementation = experts_impl
     block = MixtralSparseMoeBlock(config)
     with torch.no_grad():
@@ -103,8 +117,12 @@ def moe_backend(name: str) -> Iterator[None]:
 
 def ours(block: MoEBlock, backend: str) -> Callable[[torch.Tensor], torch.Tensor]:
     def run(x: torch.Tensor) -> torch.Tensor:
-        ctx = ForwardContext(slot_mapping=torch.empty(0, dtype=torch.long), prefills=[],
-                             decodes=[], token_rank=torch.zeros(x.shape[0], dtype=torch.long))
+        ctx = ForwardContext(
+            kv_index=torch.empty(0, dtype=torch.long),
+            prefills=[],
+            decodes=[],
+            token_rank=torch.zeros(x.shape[0], dtype=torch.long),
+        )
         with moe_backend(backend):
             return block(x, ctx)
 
@@ -120,7 +138,8 @@ def timed(fns: dict[str, Callable[[], torch.Tensor]], budget_s: float) -> dict[s
         fn()
     start = time.perf_counter()
     while (rounds := len(times[next(iter(fns))])) < 3 or (
-            time.perf_counter() - start < budget_s and rounds < 200):
+        time.perf_counter() - start < budget_s and rounds < 200
+    ):
         for name, fn in fns.items():
             t0 = time.perf_counter()
             fn()
@@ -147,10 +166,13 @@ def measure(shape: dict, budget_s: float) -> tuple[list[str], dict[int, dict[str
                 err = float((fn(x) - ref).abs().max() / ref.abs().max())
                 if err > 1e-4:
                     raise AssertionError(f"{name} differs from ours at {n} tokens: {err:.1e}")
-            results[n] = timed({name: lambda fn=fn, x=x: fn(x) for name, fn in impls.items()},
-                               budget_s)
-            print(f"{n} tokens: " + ", ".join(f"{k} {v:.2f} ms" for k, v in results[n].items()),
-                  flush=True)
+            results[n] = timed(
+                {name: lambda fn=fn, x=x: fn(x) for name, fn in impls.items()}, budget_s
+            )
+            print(
+                f"{n} tokens: " + ", ".join(f"{k} {v:.2f} ms" for k, v in results[n].items()),
+                flush=True,
+            )
     return list(impls), results
 
 
@@ -165,8 +187,14 @@ READING = (
 )
 
 
-def render(shape: dict, names: list[str], results: dict[int, dict[str, float]],
-           threads: int, command: str, seconds: float) -> str:
+def render(
+    shape: dict,
+    names: list[str],
+    results: dict[int, dict[str, float]],
+    threads: int,
+    command: str,
+    seconds: float,
+) -> str:
     ours_name = names[0]
     tokens = list(results)
     lines = [
@@ -188,8 +216,10 @@ def render(shape: dict, names: list[str], results: dict[int, dict[str, float]],
         "| --- |" + " --- |" * len(tokens),
     ]
     for name in names:
-        cells = [f"{results[n][name]:.2f} ({results[n][name] / results[n][ours_name]:.2f}x)"
-                 for n in tokens]
+        cells = [
+            f"{results[n][name]:.2f} ({results[n][name] / results[n][ours_name]:.2f}x)"
+            for n in tokens
+        ]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", READING, END]
     return "\n".join(lines)
@@ -199,9 +229,13 @@ def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny layer, short timings")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--results", type=Path, default=None,
-                   help="RESULTS.md to update (default benchmarks/RESULTS.md; --quick writes "
-                        "nothing unless given)")
+    p.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="RESULTS.md to update (default benchmarks/RESULTS.md; --quick writes "
+        "nothing unless given)",
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     shape = QUICK if args.quick else FULL

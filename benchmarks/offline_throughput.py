@@ -66,15 +66,35 @@ class Shape:
     max_positions: int
 
     def describe(self) -> str:
-        return (f"Mixtral-shaped, hidden {self.hidden}, {self.layers} layers, {self.experts} "
-                f"experts top-{self.top_k}, intermediate {self.intermediate}, {self.heads} heads / "
-                f"{self.kv_heads} kv heads, vocab {self.vocab}, fp32, random weights")
+        return (
+            f"Mixtral-shaped, hidden {self.hidden}, {self.layers} layers, {self.experts} "
+            f"experts top-{self.top_k}, intermediate {self.intermediate}, {self.heads} heads / "
+            f"{self.kv_heads} kv heads, vocab {self.vocab}, fp32, random weights"
+        )
 
 
-FULL_SHAPE = Shape(vocab=8192, hidden=512, intermediate=1024, layers=4, heads=8, kv_heads=4,
-                   experts=8, top_k=2, max_positions=1024)
-QUICK_SHAPE = Shape(vocab=512, hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2,
-                    experts=4, top_k=2, max_positions=256)
+FULL_SHAPE = Shape(
+    vocab=8192,
+    hidden=512,
+    intermediate=1024,
+    layers=4,
+    heads=8,
+    kv_heads=4,
+    experts=8,
+    top_k=2,
+    max_positions=1024,
+)
+QUICK_SHAPE = Shape(
+    vocab=512,
+    hidden=64,
+    intermediate=128,
+    layers=2,
+    heads=4,
+    kv_heads=2,
+    experts=4,
+    top_k=2,
+    max_positions=256,
+)
 
 
 @dataclass(frozen=True)
@@ -123,11 +143,19 @@ def build_checkpoint(path: Path, shape: Shape, seed: int) -> Path:
     from transformers import MixtralConfig, MixtralForCausalLM
 
     config = MixtralConfig(
-        vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
-        num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
-        num_key_value_heads=shape.kv_heads, num_local_experts=shape.experts,
-        num_experts_per_tok=shape.top_k, max_position_embeddings=shape.max_positions,
-        sliding_window=None, bos_token_id=None, eos_token_id=None, pad_token_id=PAD_ID,
+        vocab_size=shape.vocab,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        num_local_experts=shape.experts,
+        num_experts_per_tok=shape.top_k,
+        max_position_embeddings=shape.max_positions,
+        sliding_window=None,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=PAD_ID,
     )
     torch.manual_seed(seed)
     model = MixtralForCausalLM(config)
@@ -196,16 +224,23 @@ def progress(message: str) -> None:
 
 
 def kv_blocks_needed(wl: Workload, block_size: int) -> int:
-    per_request = (-(-(len(p) + o) // block_size) for p, o in zip(wl.prompts, wl.max_tokens,
-                                                                    strict=True))
+    per_request = (
+        -(-(len(p) + o) // block_size) for p, o in zip(wl.prompts, wl.max_tokens, strict=True)
+    )
     return sum(per_request) + 64
 
 
-def make_engine(path: Path, wl: Workload, batching: str, max_num_seqs: int,
-                max_batched_tokens: int) -> LLMEngine:
-    return LLMEngine(model=str(path), batching=batching, max_num_seqs=max_num_seqs,
-                     max_num_batched_tokens=max(max_batched_tokens, max_num_seqs),
-                     num_kv_blocks=kv_blocks_needed(wl, 16), block_size=16)
+def make_engine(
+    path: Path, wl: Workload, batching: str, max_num_seqs: int, max_batched_tokens: int
+) -> LLMEngine:
+    return LLMEngine(
+        model=str(path),
+        batching=batching,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max(max_batched_tokens, max_num_seqs),
+        num_kv_blocks=kv_blocks_needed(wl, 16),
+        block_size=16,
+    )
 
 
 def run_ours(engine: LLMEngine, wl: Workload, name: str, config: str) -> RunResult:
@@ -215,9 +250,12 @@ def run_ours(engine: LLMEngine, wl: Workload, name: str, config: str) -> RunResu
     done: dict[str, Any] = {}
     start, cpu0 = time.perf_counter(), time.process_time()
     now = time.time()
-    ids = [engine.add_request(p, SamplingParams(max_tokens=o, temperature=0.0, ignore_eos=True),
-                              arrival=now)
-           for p, o in zip(wl.prompts, wl.max_tokens, strict=True)]
+    ids = [
+        engine.add_request(
+            p, SamplingParams(max_tokens=o, temperature=0.0, ignore_eos=True), arrival=now
+        )
+        for p, o in zip(wl.prompts, wl.max_tokens, strict=True)
+    ]
     decode_steps: list[tuple[int, int, float]] = []
     split = {"prefill": [0, 0.0], "decode": [0, 0.0]}
     while engine.has_unfinished():
@@ -238,11 +276,14 @@ def run_ours(engine: LLMEngine, wl: Workload, name: str, config: str) -> RunResu
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
     outs = [done[i] for i in ids]
     return RunResult(
-        name=name, config=config, wall_s=wall, cpu_s=cpu, tokens=[o.token_ids for o in outs],
+        name=name,
+        config=config,
+        wall_s=wall,
+        cpu_s=cpu,
+        tokens=[o.token_ids for o in outs],
         ttft_s=[o.ttft_s for o in outs if o.ttft_s is not None],
         tpot_s=[t for o in outs if (t := o.tpot_s) is not None],
-        extra={"steps": steps, "dur_s": dur, "decode_steps": decode_steps,
-               "split": split},
+        extra={"steps": steps, "dur_s": dur, "decode_steps": decode_steps, "split": split},
     )
 
 
@@ -254,13 +295,21 @@ def warm_ours(engine: LLMEngine, vocab: int) -> None:
         engine.step()
 
 
-def phase_ours(path: Path, wl: Workload, batching: str, max_num_seqs: int,
-               max_batched_tokens: int, profile: Path | None = None) -> RunResult:
+def phase_ours(
+    path: Path,
+    wl: Workload,
+    batching: str,
+    max_num_seqs: int,
+    max_batched_tokens: int,
+    profile: Path | None = None,
+) -> RunResult:
     engine = make_engine(path, wl, batching, max_num_seqs, max_batched_tokens)
     warm_ours(engine, engine.model_config.vocab_size)
-    config = (f"{batching}, max_num_seqs={max_num_seqs}, "
-              f"max_num_batched_tokens={engine.knobs.max_num_batched_tokens}, "
-              f"prefill_chunk={engine.knobs.prefill_chunk_size}")
+    config = (
+        f"{batching}, max_num_seqs={max_num_seqs}, "
+        f"max_num_batched_tokens={engine.knobs.max_num_batched_tokens}, "
+        f"prefill_chunk={engine.knobs.prefill_chunk_size}"
+    )
     name = f"moescope {batching}"
     if profile is None:
         return run_ours(engine, wl, name, config)
@@ -324,23 +373,26 @@ def left_pad(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     ids = torch.full((len(prompts), width), PAD_ID, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
     return ids, mask
 
 
-def hf_generate_batch(model: Any, prompts: list[list[int]], max_new: int) -> tuple[
-        torch.Tensor, list[float]]:
+def hf_generate_batch(
+    model: Any, prompts: list[list[int]], max_new: int
+) -> tuple[torch.Tensor, list[float]]:
     from transformers import GenerationConfig
 
     ids, mask = left_pad(prompts)
     clock = StepClock()
-    config = GenerationConfig(do_sample=False, max_new_tokens=max_new,
-                              eos_token_id=None, pad_token_id=PAD_ID)
+    config = GenerationConfig(
+        do_sample=False, max_new_tokens=max_new, eos_token_id=None, pad_token_id=PAD_ID
+    )
     with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
-                             streamer=clock)
-    return out[:, ids.shape[1]:], clock.times
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, generation_config=config, streamer=clock
+        )
+    return out[:, ids.shape[1] :], clock.times
 
 
 def phase_hf_static(path: Path, wl: Workload, batch_size: int) -> RunResult:
@@ -351,16 +403,18 @@ def phase_hf_static(path: Path, wl: Workload, batch_size: int) -> RunResult:
     tpots: list[float] = []
     start, cpu0 = time.perf_counter(), time.process_time()
     for b in range(0, len(wl), batch_size):
-        prompts, lengths = wl.prompts[b:b + batch_size], wl.max_tokens[b:b + batch_size]
+        prompts, lengths = wl.prompts[b : b + batch_size], wl.max_tokens[b : b + batch_size]
         new, times = hf_generate_batch(model, prompts, max(lengths))
         for i, n in enumerate(lengths):
             tokens.append(new[i, :n].tolist())
             ttft.append(times[0] - start)
             if (t := tpot(times[:n])) is not None:
                 tpots.append(t)
-        progress(f"    batch {b // batch_size + 1}/{-(-len(wl) // batch_size)}: "
-                 f"{len(prompts)} requests, {max(lengths)} steps, "
-                 f"{time.perf_counter() - start:.1f} s elapsed")
+        progress(
+            f"    batch {b // batch_size + 1}/{-(-len(wl) // batch_size)}: "
+            f"{len(prompts)} requests, {max(lengths)} steps, "
+            f"{time.perf_counter() - start:.1f} s elapsed"
+        )
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
     config = f"generate, batches of {batch_size}, left padding, runs to batch max"
     return RunResult("transformers generate (static)", config, wall, tokens, ttft, tpots, cpu)
@@ -372,12 +426,14 @@ class CBConfig:
     max_requests_per_batch: int
 
     def __str__(self) -> str:
-        return (f"max_batch_tokens={self.max_batch_tokens}, "
-                f"max_requests_per_batch={self.max_requests_per_batch}")
+        return (
+            f"max_batch_tokens={self.max_batch_tokens}, "
+            f"max_requests_per_batch={self.max_requests_per_batch}"
+        )
 
 
 def parse_grid(text: str) -> list[CBConfig]:
-    """"256x16,512x32" -> [CBConfig(256, 16), CBConfig(512, 32)]."""
+    """ "256x16,512x32" -> [CBConfig(256, 16), CBConfig(512, 32)]."""
     out = []
     for item in text.split(","):
         tokens, requests = item.lower().split("x")
@@ -388,21 +444,28 @@ def parse_grid(text: str) -> list[CBConfig]:
 def run_hf_cb(model: Any, wl: Workload, cfg: CBConfig, page_size: int) -> RunResult:
     from transformers import ContinuousBatchingConfig, GenerationConfig
 
-    blocks = sum(-(-(len(p) + o) // page_size) for p, o in zip(wl.prompts, wl.max_tokens,
-                                                                strict=True))
-    cb_config = ContinuousBatchingConfig(
-        page_size=page_size, num_blocks=blocks + cfg.max_requests_per_batch,
-        max_batch_tokens=cfg.max_batch_tokens, max_requests_per_batch=cfg.max_requests_per_batch,
+    blocks = sum(
+        -(-(len(p) + o) // page_size) for p, o in zip(wl.prompts, wl.max_tokens, strict=True)
     )
-    gen_config = GenerationConfig(do_sample=False, max_new_tokens=max(wl.max_tokens),
-                                  eos_token_id=None, pad_token_id=PAD_ID)
-    manager = model.init_continuous_batching(generation_config=gen_config,
-                                             continuous_batching_config=cb_config)
+    cb_config = ContinuousBatchingConfig(
+        page_size=page_size,
+        num_blocks=blocks + cfg.max_requests_per_batch,
+        max_batch_tokens=cfg.max_batch_tokens,
+        max_requests_per_batch=cfg.max_requests_per_batch,
+    )
+    gen_config = GenerationConfig(
+        do_sample=False, max_new_tokens=max(wl.max_tokens), eos_token_id=None, pad_token_id=PAD_ID
+    )
+    manager = model.init_continuous_batching(
+        generation_config=gen_config, continuous_batching_config=cb_config
+    )
     manager.start()
     try:
         start, cpu0 = time.perf_counter(), time.process_time()
-        ids = [manager.add_request(p, max_new_tokens=o, record_timestamps=True)
-               for p, o in zip(wl.prompts, wl.max_tokens, strict=True)]
+        ids = [
+            manager.add_request(p, max_new_tokens=o, record_timestamps=True)
+            for p, o in zip(wl.prompts, wl.max_tokens, strict=True)
+        ]
         done: dict[str, Any] = {}
         while len(done) < len(ids):
             res = manager.get_result(timeout=1)
@@ -416,15 +479,19 @@ def run_hf_cb(model: Any, wl: Workload, cfg: CBConfig, page_size: int) -> RunRes
         manager.destroy()
     outs = [done[i] for i in ids]
     return RunResult(
-        name="transformers continuous batching", config=str(cfg), wall_s=wall, cpu_s=cpu,
+        name="transformers continuous batching",
+        config=str(cfg),
+        wall_s=wall,
+        cpu_s=cpu,
         tokens=[list(o.generated_tokens) for o in outs],
         ttft_s=[o.timestamps[0] - start for o in outs if o.timestamps],
         tpot_s=[t for o in outs if o.timestamps and (t := tpot(o.timestamps)) is not None],
     )
 
 
-def tune_hf_cb(model: Any, wl: Workload, grid: list[CBConfig], tune_requests: int,
-               page_size: int) -> tuple[CBConfig, list[tuple[CBConfig, float]]]:
+def tune_hf_cb(
+    model: Any, wl: Workload, grid: list[CBConfig], tune_requests: int, page_size: int
+) -> tuple[CBConfig, list[tuple[CBConfig, float]]]:
     """The grid point with the best tok/s on the first `tune_requests` requests."""
     run_hf_cb(model, wl.subset(min(2, len(wl))), grid[0], page_size)  # warm-up
     if len(grid) == 1:
@@ -446,9 +513,11 @@ def fmt3(values: list[float], digits: int) -> str:
 
 
 def render_table(results: list[RunResult], ref: RunResult) -> str:
-    header = ("| run | config | wall s | out tok/s | TTFT ms p50 / p90 / p99 "
-              "| TPOT ms p50 / p90 / p99 | agreement with ours | ours speedup "
-              "| CPU s | ours speedup on CPU time |")
+    header = (
+        "| run | config | wall s | out tok/s | TTFT ms p50 / p90 / p99 "
+        "| TPOT ms p50 / p90 / p99 | agreement with ours | ours speedup "
+        "| CPU s | ours speedup on CPU time |"
+    )
     lines = [header, "|" + " --- |" * 10]
     for r in results:
         ttft = [v * 1000 for v in percentiles(r.ttft_s)]
@@ -468,22 +537,30 @@ def render_repeats(by_key: dict[str, RunResult]) -> list[str]:
     runs = [r for r in by_key.values() if len(r.extra.get("walls", [])) > 1]
     if not runs:
         return []
-    walls = "; ".join(f"{r.name} " + " / ".join(f"{w:.1f}" for w in r.extra["walls"])
-                      for r in runs)
-    return [f"Each row is the fastest of {len(runs[0].extra['walls'])} timed runs, taken in "
-            f"interleaved rounds (all four runs, then again); wall s of every run: {walls}.", ""]
+    walls = "; ".join(f"{r.name} " + " / ".join(f"{w:.1f}" for w in r.extra["walls"]) for r in runs)
+    return [
+        f"Each row is the fastest of {len(runs[0].extra['walls'])} timed runs, taken in "
+        f"interleaved rounds (all four runs, then again); wall s of every run: {walls}.",
+        "",
+    ]
 
 
 def render_breakdown(ours: RunResult) -> str:
     dur = ours.extra["dur_s"]
     inside = dur["total"]
     outside = ours.wall_s - inside
-    parts = [("schedule", dur["schedule"]), ("prepare", dur["prepare"]),
-             ("forward", dur["forward"]), ("  of which MoE", dur["moe"]),
-             ("sample + update", dur["sample"]),
-             ("rest of step (KV swap)",
-              inside - dur["schedule"] - dur["prepare"] - dur["forward"] - dur["sample"]),
-             ("outside the timed step (telemetry record, add_request, loop)", outside)]
+    parts = [
+        ("schedule", dur["schedule"]),
+        ("prepare", dur["prepare"]),
+        ("forward", dur["forward"]),
+        ("  of which MoE", dur["moe"]),
+        ("sample + update", dur["sample"]),
+        (
+            "rest of step (KV swap)",
+            inside - dur["schedule"] - dur["prepare"] - dur["forward"] - dur["sample"],
+        ),
+        ("outside the timed step (telemetry record, add_request, loop)", outside),
+    ]
     lines = ["| part of the continuous run | s | share of wall |", "| --- | --- | --- |"]
     lines += [f"| {name} | {s:.2f} | {s / ours.wall_s:.1%} |" for name, s in parts]
     return "\n".join(lines)
@@ -491,12 +568,16 @@ def render_breakdown(ours: RunResult) -> str:
 
 def render_split(runs: list[RunResult]) -> str:
     """Forward time of steps that carry prefill tokens vs decode-only steps, per run of ours."""
-    lines = ["| our run | steps | steps with prefill tokens: count, forward s "
-             "| decode-only steps: count, forward s |", "| --- | --- | --- | --- |"]
+    lines = [
+        "| our run | steps | steps with prefill tokens: count, forward s "
+        "| decode-only steps: count, forward s |",
+        "| --- | --- | --- | --- |",
+    ]
     for r in runs:
         pre, dec = r.extra["split"]["prefill"], r.extra["split"]["decode"]
-        lines.append(f"| {r.name} | {r.extra['steps']} | {pre[0]}, {pre[1]:.2f} "
-                     f"| {dec[0]}, {dec[1]:.2f} |")
+        lines.append(
+            f"| {r.name} | {r.extra['steps']} | {pre[0]}, {pre[1]:.2f} | {dec[0]}, {dec[1]:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -508,9 +589,12 @@ def render_decode_cost(runs: list[RunResult]) -> str:
     rows = [r for run in runs for r in run.extra.get("decode_steps", [])]
     if not rows:
         return ""
-    lines = ["Decode-only steps of our runs by batch size (how batching amortises a step):", "",
-             "| batch | steps | mean KV tokens | forward ms per step | forward ms per token |",
-             "| --- | --- | --- | --- | --- |"]
+    lines = [
+        "Decode-only steps of our runs by batch size (how batching amortises a step):",
+        "",
+        "| batch | steps | mean KV tokens | forward ms per step | forward ms per token |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for lo, hi in BATCH_BINS:
         sel = [(b, kv, ms) for b, kv, ms in rows if lo <= b <= hi]
         if not sel:
@@ -526,10 +610,15 @@ def render_decode_cost(runs: list[RunResult]) -> str:
 def render_sweep(sweep: list[tuple[CBConfig, float]], n: int) -> str:
     if not sweep:
         return ""
-    lines = [f"transformers continuous-batching sweep on the first {n} requests:", "",
-             "| max_batch_tokens | max_requests_per_batch | out tok/s |", "| --- | --- | --- |"]
-    lines += [f"| {c.max_batch_tokens} | {c.max_requests_per_batch} | {tps:.1f} |"
-              for c, tps in sweep]
+    lines = [
+        f"transformers continuous-batching sweep on the first {n} requests:",
+        "",
+        "| max_batch_tokens | max_requests_per_batch | out tok/s |",
+        "| --- | --- | --- |",
+    ]
+    lines += [
+        f"| {c.max_batch_tokens} | {c.max_requests_per_batch} | {tps:.1f} |" for c, tps in sweep
+    ]
     return "\n".join(lines)
 
 
@@ -555,16 +644,30 @@ class Target:
 def targets(by_key: dict[str, RunResult]) -> list[Target]:
     ours = by_key["ours"]
     out = []
-    for key, text, goal in (("hf_cb", "ours vs transformers' best continuous batching", 1.8),
-                            ("hf_static", "ours vs transformers static generate", 4.0),
-                            ("ours_static", "our continuous vs our static", 2.0)):
+    for key, text, goal in (
+        ("hf_cb", "ours vs transformers' best continuous batching", 1.8),
+        ("hf_static", "ours vs transformers static generate", 4.0),
+        ("ours_static", "our continuous vs our static", 2.0),
+    ):
         if key in by_key:
             other = by_key[key]
-            out.append(Target(text, ours.tok_per_s / other.tok_per_s, goal,
-                              cpu_value=ours.tok_per_cpu_s / other.tok_per_cpu_s))
+            out.append(
+                Target(
+                    text,
+                    ours.tok_per_s / other.tok_per_s,
+                    goal,
+                    cpu_value=ours.tok_per_cpu_s / other.tok_per_cpu_s,
+                )
+            )
     forward = ours.extra["dur_s"]["forward"]
-    out.append(Target("our wall time vs forward-only bound", ours.wall_s / forward, 1.15,
-                      higher_is_better=False))
+    out.append(
+        Target(
+            "our wall time vs forward-only bound",
+            ours.wall_s / forward,
+            1.15,
+            higher_is_better=False,
+        )
+    )
     return out
 
 
@@ -574,18 +677,34 @@ def engine_revision() -> str:
 
     root = Path(engine.__file__).resolve().parents[1]
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, check=True,
-                             capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "engine", "kernels"],
-                               cwd=root, check=True, capture_output=True, text=True).stdout
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "engine", "kernels"],
+            cwd=root,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
     except (OSError, subprocess.CalledProcessError):
         return f"{root} (not a git checkout)"
     return f"commit {rev}" + (" with uncommitted changes in engine/ or kernels/" if dirty else "")
 
 
-def render_section(args: argparse.Namespace, argv: list[str], shape: Shape, wl: Workload,
-                   by_key: dict[str, RunResult], sweep: list[tuple[CBConfig, float]],
-                   runtime_s: float) -> str:
+def render_section(
+    args: argparse.Namespace,
+    argv: list[str],
+    shape: Shape,
+    wl: Workload,
+    by_key: dict[str, RunResult],
+    sweep: list[tuple[CBConfig, float]],
+    runtime_s: float,
+) -> str:
     import transformers
 
     ours = by_key["ours"]
@@ -643,38 +762,67 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--requests", type=int, default=None, help="default 128 (8 with --quick)")
     p.add_argument("--quick", action="store_true", help="tiny model and lengths: a smoke run")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch intra-op threads for every run (default 1: see RESULTS.md)")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="timed runs per row; the fastest is reported (rejects interference "
-                        "from other load on a shared machine)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads for every run (default 1: see RESULTS.md)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="timed runs per row; the fastest is reported (rejects interference "
+        "from other load on a shared machine)",
+    )
     p.add_argument("--max-num-seqs", type=int, default=128, help="ours, continuous")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="ours")
-    p.add_argument("--static-batch", type=int, default=None,
-                   help="batch size of both static runs (default 32, 4 with --quick)")
-    p.add_argument("--cb-grid", default=None,
-                   help="transformers CB sweep, e.g. '256x16,512x32' (max_batch_tokens x "
-                        "max_requests_per_batch)")
-    p.add_argument("--cb-tune-requests", type=int, default=64,
-                   help="requests in the transformers CB sweep (then the best runs on all)")
+    p.add_argument(
+        "--static-batch",
+        type=int,
+        default=None,
+        help="batch size of both static runs (default 32, 4 with --quick)",
+    )
+    p.add_argument(
+        "--cb-grid",
+        default=None,
+        help="transformers CB sweep, e.g. '256x16,512x32' (max_batch_tokens x "
+        "max_requests_per_batch)",
+    )
+    p.add_argument(
+        "--cb-tune-requests",
+        type=int,
+        default=64,
+        help="requests in the transformers CB sweep (then the best runs on all)",
+    )
     p.add_argument("--cb-page-size", type=int, default=None)
     p.add_argument("--skip-ours-static", action="store_true")
     p.add_argument("--skip-hf-static", action="store_true")
     p.add_argument("--skip-hf-cb", action="store_true")
-    p.add_argument("--checkpoint", type=Path, default=None,
-                   help="directory for the checkpoint (default: a temporary one)")
-    p.add_argument("--results", type=Path, default=None,
-                   help="RESULTS.md to update (default benchmarks/RESULTS.md; --quick writes "
-                        "nothing unless given)")
+    p.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        help="directory for the checkpoint (default: a temporary one)",
+    )
+    p.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="RESULTS.md to update (default benchmarks/RESULTS.md; --quick writes "
+        "nothing unless given)",
+    )
     p.add_argument("--no-write", action="store_true", help="do not touch RESULTS.md")
-    p.add_argument("--profile", type=Path, default=None,
-                   help="write cProfile stats of our continuous run here")
+    p.add_argument(
+        "--profile", type=Path, default=None, help="write cProfile stats of our continuous run here"
+    )
     args = p.parse_args(argv)
     quick = args.quick
     args.requests = args.requests or (8 if quick else 128)
     args.static_batch = args.static_batch or (4 if quick else 32)
-    args.cb_grid = parse_grid(args.cb_grid or ("64x4" if quick else
-                                               "256x16,512x32,1024x64,2048x128,512x128,2048x32"))
+    args.cb_grid = parse_grid(
+        args.cb_grid or ("64x4" if quick else "256x16,512x32,1024x64,2048x128,512x128,2048x32")
+    )
     args.cb_page_size = args.cb_page_size or (16 if quick else 256)
     args.prompt_range = (4, 32) if quick else (16, 512)
     args.output_range = (2, 16) if quick else (8, 256)
@@ -689,23 +837,44 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 Phase = tuple[str, str, Callable[[], RunResult]]  # key, label, one timed run
 
 
-def make_phases(args: argparse.Namespace, path: Path, wl: Workload,
-                sweep: list[tuple[CBConfig, float]]) -> list[Phase]:
+def make_phases(
+    args: argparse.Namespace, path: Path, wl: Workload, sweep: list[tuple[CBConfig, float]]
+) -> list[Phase]:
     """The runs to time, in order; transformers' CB is tuned here, before any timed round."""
-    phases: list[Phase] = [("ours", "moescope continuous", lambda: phase_ours(
-        path, wl, "continuous", args.max_num_seqs, args.max_num_batched_tokens, args.profile))]
+    phases: list[Phase] = [
+        (
+            "ours",
+            "moescope continuous",
+            lambda: phase_ours(
+                path, wl, "continuous", args.max_num_seqs, args.max_num_batched_tokens, args.profile
+            ),
+        )
+    ]
     if not args.skip_ours_static:
-        phases.append(("ours_static", "moescope static", lambda: phase_ours(
-            path, wl, "static", args.static_batch, args.max_num_batched_tokens)))
+        phases.append(
+            (
+                "ours_static",
+                "moescope static",
+                lambda: phase_ours(
+                    path, wl, "static", args.static_batch, args.max_num_batched_tokens
+                ),
+            )
+        )
     if not args.skip_hf_static:
-        phases.append(("hf_static", "transformers generate (static)",
-                       lambda: phase_hf_static(path, wl, args.static_batch)))
+        phases.append(
+            (
+                "hf_static",
+                "transformers generate (static)",
+                lambda: phase_hf_static(path, wl, args.static_batch),
+            )
+        )
     if not args.skip_hf_cb:
         progress("tuning transformers continuous batching ...")
         with quiet_transformers():
             model = load_hf(path)
-            best, points = tune_hf_cb(model, wl, args.cb_grid, args.cb_tune_requests,
-                                      args.cb_page_size)
+            best, points = tune_hf_cb(
+                model, wl, args.cb_grid, args.cb_tune_requests, args.cb_page_size
+            )
         sweep.extend(points)
         progress(f"tuning done: {best}")
 
@@ -718,8 +887,9 @@ def make_phases(args: argparse.Namespace, path: Path, wl: Workload,
     return phases
 
 
-def run_all(args: argparse.Namespace, path: Path, wl: Workload) -> tuple[
-        dict[str, RunResult], list[tuple[CBConfig, float]]]:
+def run_all(
+    args: argparse.Namespace, path: Path, wl: Workload
+) -> tuple[dict[str, RunResult], list[tuple[CBConfig, float]]]:
     """`--repeats` rounds over every phase (interleaved, so each side sees the machine's load
     at several moments); each row keeps its fastest run, with every wall time in extra."""
     sweep: list[tuple[CBConfig, float]] = []
@@ -727,14 +897,17 @@ def run_all(args: argparse.Namespace, path: Path, wl: Workload) -> tuple[
     runs: dict[str, list[RunResult]] = {key: [] for key, _, _ in phases}
     for rnd in range(args.repeats):
         for i, (key, label, fn) in enumerate(phases, 1):
-            tag = f"[{i}/{len(phases)}]" + (f" round {rnd + 1}/{args.repeats}"
-                                            if args.repeats > 1 else "")
+            tag = f"[{i}/{len(phases)}]" + (
+                f" round {rnd + 1}/{args.repeats}" if args.repeats > 1 else ""
+            )
             progress(f"{tag} {label} ...")
             with quiet_transformers() if key.startswith("hf") else contextlib.nullcontext():
                 result = fn()
             runs[key].append(result)
-            progress(f"{tag} {label}: {result.num_tokens} tokens in {result.wall_s:.1f} s = "
-                     f"{result.tok_per_s:.1f} tok/s ({result.cpu_s:.1f} s CPU)")
+            progress(
+                f"{tag} {label}: {result.num_tokens} tokens in {result.wall_s:.1f} s = "
+                f"{result.tok_per_s:.1f} tok/s ({result.cpu_s:.1f} s CPU)"
+            )
     by_key = {}
     for key, results in runs.items():
         best = min(results, key=lambda r: r.wall_s)
@@ -749,8 +922,7 @@ def main(argv: list[str] | None = None) -> str:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     shape = QUICK_SHAPE if args.quick else FULL_SHAPE
-    wl = make_workload(args.requests, args.seed, shape.vocab, args.prompt_range,
-                       args.output_range)
+    wl = make_workload(args.requests, args.seed, shape.vocab, args.prompt_range, args.output_range)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="moescope-bench-") as tmp:
         path = args.checkpoint or Path(tmp) / "mixtral"
@@ -758,11 +930,12 @@ def main(argv: list[str] | None = None) -> str:
             progress(f"building checkpoint at {path}")
             with quiet_transformers():
                 build_checkpoint(path, shape, args.seed)
-        progress(f"workload: {len(wl)} requests, {wl.num_prompt_tokens} prompt tokens, "
-                 f"{wl.num_output_tokens} output tokens")
+        progress(
+            f"workload: {len(wl)} requests, {wl.num_prompt_tokens} prompt tokens, "
+            f"{wl.num_output_tokens} output tokens"
+        )
         by_key, sweep = run_all(args, path, wl)
-    section = render_section(args, argv, shape, wl, by_key, sweep,
-                             time.perf_counter() - started)
+    section = render_section(args, argv, shape, wl, by_key, sweep, time.perf_counter() - started)
     print(section)
     if args.results is not None and not args.no_write:
         write_section(args.results, section, BEGIN, END)

@@ -37,31 +37,81 @@ BEGIN = "<!-- recorder:begin -->"
 END = "<!-- recorder:end -->"
 
 
-def synth_record(step: int, t: float, running: int, layers: int, experts: int,
-                 top_k: int = 4) -> dict[str, Any]:
+def synth_record(
+    step: int, t: float, running: int, layers: int, experts: int, top_k: int = 4
+) -> dict[str, Any]:
     """A full StepTelemetry record of a decode step with `running` requests, as a dict."""
     pairs = running * top_k
-    counts = [[(pairs * (e + layer + 1)) // (experts * (experts + 1) // 2 + 1) % (pairs + 1)
-               for e in range(experts)] for layer in range(layers)]
-    return StepTelemetry.model_validate({
-        "session": "bench", "step": step, "t": t, "knobs_version": 1,
-        "dur_ms": {"schedule": 0.21, "prepare": 0.93, "forward": 41.7, "moe": 27.3,
-                   "sample": 0.62, "total": 43.9},
-        "batch": {"max_slots": 64, "token_budget": 2048, "num_prefill_tokens": 0,
-                  "num_decode_tokens": running,
-                  "slots": [{"slot": i, "req": f"cmpl-0123456789ab-{i}", "phase": "decode",
-                             "tokens": 1, "ctx": 200 + i + step} for i in range(running)]},
-        "queue": {"waiting": 3, "running": running, "swapped": 0, "arrived": 1, "finished": 1,
-                  "preempted": 0},
-        "kv": {"block_size": 16, "total": 2048, "usable": 2048, "used": 900, "cached": 40,
-               "free": 1108, "tokens": 14200, "watermark_blocks": 20, "host_total": 512,
-               "host_used": 0, "prefix_hit_rate": 0.1234},
-        "experts": {"layers": layers, "experts": experts, "top_k": top_k, "counts": counts,
-                    "dropped": [0] * layers,
-                    "balance": [round(0.4 + 0.01 * layer, 4) for layer in range(layers)]},
-        "a2a": {"ep_size": 1, "mode": "modeled", "bytes": [[0]]},
-        "latency": {"ttft_ms": [123.4], "tpot_ms": [41.2]},
-    }).model_dump()
+    counts = [
+        [
+            (pairs * (e + layer + 1)) // (experts * (experts + 1) // 2 + 1) % (pairs + 1)
+            for e in range(experts)
+        ]
+        for layer in range(layers)
+    ]
+    return StepTelemetry.model_validate(
+        {
+            "session": "bench",
+            "step": step,
+            "t": t,
+            "knobs_version": 1,
+            "dur_ms": {
+                "schedule": 0.21,
+                "prepare": 0.93,
+                "forward": 41.7,
+                "moe": 27.3,
+                "sample": 0.62,
+                "total": 43.9,
+            },
+            "batch": {
+                "max_slots": 64,
+                "token_budget": 2048,
+                "num_prefill_tokens": 0,
+                "num_decode_tokens": running,
+                "slots": [
+                    {
+                        "slot": i,
+                        "req": f"cmpl-0123456789ab-{i}",
+                        "phase": "decode",
+                        "tokens": 1,
+                        "ctx": 200 + i + step,
+                    }
+                    for i in range(running)
+                ],
+            },
+            "queue": {
+                "waiting": 3,
+                "running": running,
+                "swapped": 0,
+                "arrived": 1,
+                "finished": 1,
+                "preempted": 0,
+            },
+            "kv": {
+                "block_size": 16,
+                "total": 2048,
+                "usable": 2048,
+                "used": 900,
+                "cached": 40,
+                "free": 1108,
+                "tokens": 14200,
+                "watermark_blocks": 20,
+                "host_total": 512,
+                "host_used": 0,
+                "prefix_hit_rate": 0.1234,
+            },
+            "experts": {
+                "layers": layers,
+                "experts": experts,
+                "top_k": top_k,
+                "counts": counts,
+                "dropped": [0] * layers,
+                "balance": [round(0.4 + 0.01 * layer, 4) for layer in range(layers)],
+            },
+            "a2a": {"ep_size": 1, "mode": "modeled", "bytes": [[0]]},
+            "latency": {"ttft_ms": [123.4], "tpot_ms": [41.2]},
+        }
+    ).model_dump()
 
 
 def throughput(url: str, n: int, running: int, layers: int, experts: int) -> dict[str, Any]:
@@ -82,20 +132,36 @@ def throughput(url: str, n: int, running: int, layers: int, experts: int) -> dic
     rec.close()
     store.close()
     json_bytes = len(StepTelemetry.model_validate(template).model_dump_json())
-    return {"steps": n, "seconds": seconds, "steps_per_s": n / seconds,
-            "publish_us": 1e6 * publish_s / n, "json_bytes": json_bytes,
-            "batches": stats["batches"], "dropped": stats["dropped_steps"]}
+    return {
+        "steps": n,
+        "seconds": seconds,
+        "steps_per_s": n / seconds,
+        "publish_us": 1e6 * publish_s / n,
+        "json_bytes": json_bytes,
+        "batches": stats["batches"],
+        "dropped": stats["dropped_steps"],
+    }
 
 
 MODES = ("off", "on", "off2")
 
 
-def overhead(url: str, model: str, running: int, groups: int, block: int, prompt: int,
-             ) -> dict[str, Any]:
+def overhead(
+    url: str,
+    model: str,
+    running: int,
+    groups: int,
+    block: int,
+    prompt: int,
+) -> dict[str, Any]:
     """Blocks of decode steps with the recorder subscribed (on) and not (off, and off2 as an
     A/A control that shows the noise floor), in an order that rotates every group."""
-    engine = LLMEngine(model=model, max_num_seqs=running, num_kv_blocks=4096,
-                       max_num_batched_tokens=max(2048, running * prompt))
+    engine = LLMEngine(
+        model=model,
+        max_num_seqs=running,
+        num_kv_blocks=4096,
+        max_num_batched_tokens=max(2048, running * prompt),
+    )
     params = SamplingParams(max_tokens=4000, temperature=0.0, ignore_eos=True)
     for i in range(running):
         engine.add_request([(7 * i + j) % 250 + 1 for j in range(prompt)], params)
@@ -110,7 +176,7 @@ def overhead(url: str, model: str, running: int, groups: int, block: int, prompt
     times: dict[str, list[float]] = {m: [] for m in MODES}
     cpu: dict[str, list[float]] = {m: [] for m in MODES}
     for g in range(groups):
-        for mode in MODES[g % 3:] + MODES[:g % 3]:
+        for mode in MODES[g % 3 :] + MODES[: g % 3]:
             for _ in range(block):
                 t0, c0 = time.perf_counter(), time.thread_time()
                 result = engine.step()
@@ -125,21 +191,34 @@ def overhead(url: str, model: str, running: int, groups: int, block: int, prompt
     mean = {m: statistics.fmean(v) for m, v in times.items()}
     median = {m: statistics.median(v) for m, v in times.items()}
     mean_cpu = {m: statistics.fmean(v) for m, v in cpu.items()}
-    return {"model": model, "running": running, "groups": groups, "block": block,
-            "mean_ms": {m: 1000 * v for m, v in mean.items()},
-            "median_ms": {m: 1000 * v for m, v in median.items()},
-            "cpu_ms": {m: 1000 * v for m, v in mean_cpu.items()},
-            "ratio": mean["on"] / mean["off"], "aa_ratio": mean["off2"] / mean["off"],
-            "median_ratio": median["on"] / median["off"],
-            "aa_median_ratio": median["off2"] / median["off"],
-            "cpu_ratio": mean_cpu["on"] / mean_cpu["off"], "written": stats["written_steps"],
-            "recorder_cpu_ms_per_step": 1000 * stats["cpu_s"] / max(1, stats["written_steps"]),
-            "layers": engine.model_config.num_layers,
-            "experts": engine.model_config.num_experts}
+    return {
+        "model": model,
+        "running": running,
+        "groups": groups,
+        "block": block,
+        "mean_ms": {m: 1000 * v for m, v in mean.items()},
+        "median_ms": {m: 1000 * v for m, v in median.items()},
+        "cpu_ms": {m: 1000 * v for m, v in mean_cpu.items()},
+        "ratio": mean["on"] / mean["off"],
+        "aa_ratio": mean["off2"] / mean["off"],
+        "median_ratio": median["on"] / median["off"],
+        "aa_median_ratio": median["off2"] / median["off"],
+        "cpu_ratio": mean_cpu["on"] / mean_cpu["off"],
+        "written": stats["written_steps"],
+        "recorder_cpu_ms_per_step": 1000 * stats["cpu_s"] / max(1, stats["written_steps"]),
+        "layers": engine.model_config.num_layers,
+        "experts": engine.model_config.num_experts,
+    }
 
 
-def render(args: argparse.Namespace, argv: list[str], tp: dict[str, Any], oh: dict[str, Any],
-           db_bytes: float, total_s: float) -> str:
+def render(
+    args: argparse.Namespace,
+    argv: list[str],
+    tp: dict[str, Any],
+    oh: dict[str, Any],
+    db_bytes: float,
+    total_s: float,
+) -> str:
     """This benchmark's RESULTS.md section."""
     command = " ".join(["python benchmarks/recorder.py", *argv])
     lines = [
@@ -178,8 +257,10 @@ def render(args: argparse.Namespace, argv: list[str], tp: dict[str, Any], oh: di
         "| --- | --- | --- | --- | --- |",
     ]
     for mode in MODES:
-        lines.append(f"| {mode} | {oh['groups'] * oh['block']} | {oh['mean_ms'][mode]:.3f} | "
-                     f"{oh['median_ms'][mode]:.3f} | {oh['cpu_ms'][mode]:.3f} |")
+        lines.append(
+            f"| {mode} | {oh['groups'] * oh['block']} | {oh['mean_ms'][mode]:.3f} | "
+            f"{oh['median_ms'][mode]:.3f} | {oh['cpu_ms'][mode]:.3f} |"
+        )
     verdict = "met" if oh["ratio"] < 1.02 else "missed"
     share = oh["recorder_cpu_ms_per_step"] / oh["mean_ms"]["off"]
     lines += [
@@ -212,8 +293,11 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--results", type=Path, default=RESULTS_PATH)
     args = p.parse_args(argv)
     defaults = vars(p.parse_args([]))
-    shown = [f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
-             for k, v in vars(args).items() if k not in ("results", "db_dir") and v != defaults[k]]
+    shown = [
+        f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
+        for k, v in vars(args).items()
+        if k not in ("results", "db_dir") and v != defaults[k]
+    ]
     if args.quick:
         args.steps, args.model, args.running = 300, "synthetic:tiny", 8
         args.groups, args.block = 3, 2
@@ -224,8 +308,14 @@ def main(argv: list[str] | None = None) -> str:
         tp = throughput(f"sqlite:///{path}", args.steps, args.running, args.layers, args.experts)
         db_bytes = sum(f.stat().st_size for f in Path(tmp).glob("throughput.db*")) / args.steps
         print(f"throughput: {tp['steps_per_s']:.0f} steps/s", file=sys.stderr, flush=True)
-        oh = overhead(f"sqlite:///{Path(tmp) / 'overhead.db'}", args.model, args.running,
-                      args.groups, args.block, args.prompt)
+        oh = overhead(
+            f"sqlite:///{Path(tmp) / 'overhead.db'}",
+            args.model,
+            args.running,
+            args.groups,
+            args.block,
+            args.prompt,
+        )
         print(f"overhead: on/off {oh['ratio']:.4f}", file=sys.stderr, flush=True)
     section = render(args, shown, tp, oh, db_bytes, time.perf_counter() - started)
     print(section)

@@ -14,8 +14,9 @@ def write_section(path: Path, section: str, begin: str, end: str) -> None:
     path.write_text(text)
 
 
-def publish(section: str, results: Path | None, quick: bool, default: Path,
-            begin: str, end: str) -> str:
+def publish(
+    section: str, results: Path | None, quick: bool, default: Path, begin: str, end: str
+) -> str:
     """Print the section and write it to `results`, else to `default` unless a --quick run."""
     print(section)
     path = results or (None if quick else default)

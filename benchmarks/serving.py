@@ -35,8 +35,8 @@ import torch
 from results_md import write_section
 from websockets.sync.client import connect
 
-from api.load import Arrival, parse_dist, poisson_arrivals, run_load
-from engine.ep_ranks import free_port
+from api.loadgen import Arrival, parse_dist, poisson_arrivals, run_load
+from engine.ep.ranks import free_port
 
 RESULTS_PATH = Path(__file__).resolve().parent / "RESULTS.md"
 BEGIN = "<!-- serving:begin -->"
@@ -47,9 +47,21 @@ END = "<!-- serving:end -->"
 def server(model: str, threads: int, metrics: bool, extra: list[str]) -> Iterator[str]:
     """`moescope serve` in a subprocess on a free port; yields its URL."""
     port = free_port()
-    cmd = [sys.executable, "-m", "api.cli", "serve", "--model", model, "--port", str(port),
-           "--threads", str(threads), "--no-record", *extra,
-           *([] if metrics else ["--no-metrics"])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "api.cli",
+        "serve",
+        "--model",
+        model,
+        "--port",
+        str(port),
+        "--threads",
+        str(threads),
+        "--no-record",
+        *extra,
+        *([] if metrics else ["--no-metrics"]),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -99,8 +111,10 @@ class Consumers:
             self.scrapes += 1
 
     def __enter__(self) -> Consumers:
-        self._threads = [threading.Thread(target=self._ws, daemon=True),
-                         threading.Thread(target=self._scrape, daemon=True)]
+        self._threads = [
+            threading.Thread(target=self._ws, daemon=True),
+            threading.Thread(target=self._scrape, daemon=True),
+        ]
         for t in self._threads:
             t.start()
         time.sleep(0.5)
@@ -164,12 +178,15 @@ def main(argv: list[str] | None = None) -> str:
         for rate in (float(r) for r in args.rates.split(",")):
             arrivals = list(poisson_arrivals(rate, args.duration, prompt, output, args.seed))
             s = measured_run(url, arrivals, args.seed)
-            print(f"rate {rate}: {s['output_throughput']:.1f} tok/s, "
-                  f"TTFT p50 {s['ttft_ms']['p50']:.1f} ms", file=sys.stderr, flush=True)
+            print(
+                f"rate {rate}: {s['output_throughput']:.1f} tok/s, "
+                f"TTFT p50 {s['ttft_ms']['p50']:.1f} ms",
+                file=sys.stderr,
+                flush=True,
+            )
             rate_rows.append((rate, s))
 
-    trace = [Arrival(0.001 * i, args.burst_prompt, args.burst_output)
-             for i in range(args.burst)]
+    trace = [Arrival(0.001 * i, args.burst_prompt, args.burst_output) for i in range(args.burst)]
     runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
     consumer_stats = []
     for _ in range(args.pairs):
@@ -180,23 +197,29 @@ def main(argv: list[str] | None = None) -> str:
                 else:
                     with Consumers(url, args.scrape_s) as consumers:
                         runs[mode].append(measured_run(url, trace, args.seed))
-                    consumer_stats.append((consumers.messages, consumers.dropped,
-                                           consumers.scrapes))
+                    consumer_stats.append(
+                        (consumers.messages, consumers.dropped, consumers.scrapes)
+                    )
             r = runs[mode][-1]
-            print(f"overhead {mode}: mean step {r['mean_step_ms']:.3f} ms "
-                  f"(cpu {r['mean_step_cpu_ms']:.3f}) over {r['steps']} steps",
-                  file=sys.stderr, flush=True)
+            print(
+                f"overhead {mode}: mean step {r['mean_step_ms']:.3f} ms "
+                f"(cpu {r['mean_step_cpu_ms']:.3f}) over {r['steps']} steps",
+                file=sys.stderr,
+                flush=True,
+            )
 
-    section = render(args, argv, rate_rows, runs, consumer_stats,
-                     time.perf_counter() - started)
+    section = render(args, argv, rate_rows, runs, consumer_stats, time.perf_counter() - started)
     print(section)
     write_section(args.results, section, BEGIN, END)
     return section
 
 
 def render(
-    args: argparse.Namespace, argv: list[str] | None, rate_rows: list[tuple[float, dict]],
-    runs: dict[str, list[dict[str, Any]]], consumer_stats: list[tuple[int, int, int]],
+    args: argparse.Namespace,
+    argv: list[str] | None,
+    rate_rows: list[tuple[float, dict]],
+    runs: dict[str, list[dict[str, Any]]],
+    consumer_stats: list[tuple[int, int, int]],
     total_s: float,
 ) -> str:
     command = "python benchmarks/serving.py" + (" " + shlex.join(argv) if argv else "")
@@ -211,7 +234,7 @@ def render(
         f"workers (absolute numbers are noisy); torch {torch.__version__} with "
         f"{args.threads} thread(s) in the server, Python {platform.python_version()}",
         f"- Server: `moescope serve --model {args.model} --kv-blocks 2048 --max-num-seqs 64` "
-        "in a subprocess; the load generator (`api/load.py`, open loop, Poisson arrivals, "
+        "in a subprocess; the load generator (`api/loadgen.py`, open loop, Poisson arrivals, "
         "streaming `/v1/completions` with `ignore_eos`, greedy) in the benchmark process",
         f"- Lengths: prompt `{args.prompt_len}`, output `{args.output_len}` tokens; "
         f"{args.duration:g} s of arrivals per run, seed {args.seed}. TTFT and TPOT are "
@@ -227,7 +250,9 @@ def render(
             f"| {rate:g} | {s['requests']} ({s['ok']}) | {s['request_throughput']:.2f} | "
             f"{s['output_throughput']:.1f} | {_pcts(s['ttft_ms'], 1)} | "
             f"{_pcts(s['tpot_ms'], 2)} | {_pcts(s['e2e_ms'], 0)} | {s['steps']} | "
-            f"{s['mean_step_ms']:.2f} |")
+            f"{s['mean_step_ms']:.2f} |"
+        )
+
     def col(mode: str, key: str) -> list[float]:
         return [r[key] for r in runs[mode]]
 
@@ -242,8 +267,10 @@ def render(
 
     def row(mode: str, wall: list[float], cpu: list[float]) -> str:
         steps = "/".join(str(r["steps"]) for r in runs[mode])
-        return (f"| {mode} | {' / '.join(f'{x:.3f}' for x in wall)} | "
-                f"{statistics.mean(wall):.3f} | {statistics.mean(cpu):.3f} | {steps} |")
+        return (
+            f"| {mode} | {' / '.join(f'{x:.3f}' for x in wall)} | "
+            f"{statistics.mean(wall):.3f} | {statistics.mean(cpu):.3f} | {steps} |"
+        )
 
     lines += [
         "",

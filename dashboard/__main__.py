@@ -12,9 +12,24 @@ NICE = 10  # the dashboard yields the CPU to the engine when both want it
 
 def command(url: str, port: int, address: str = "127.0.0.1") -> list[str]:
     """The streamlit command line that serves the dashboard for the server at `url`."""
-    return [sys.executable, "-m", "streamlit", "run", str(APP), "--server.port", str(port),
-            "--server.address", address, "--server.headless", "true",
-            "--browser.gatherUsageStats", "false", "--", "--url", url]
+    return [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(APP),
+        "--server.port",
+        str(port),
+        "--server.address",
+        address,
+        "--server.headless",
+        "true",
+        "--browser.gatherUsageStats",
+        "false",
+        "--",
+        "--url",
+        url,
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,9 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="moescope server URL")
     parser.add_argument("--port", type=int, default=8501, help="dashboard port")
     parser.add_argument("--address", default="127.0.0.1", help="dashboard bind address")
-    parser.add_argument("--nice", type=int, default=NICE,
-                        help="lower the dashboard's CPU priority by this much (0: as the "
-                             "caller), so that on a busy machine the engine comes first")
+    parser.add_argument(
+        "--nice",
+        type=int,
+        default=NICE,
+        help="lower the dashboard's CPU priority by this much (0: as the "
+        "caller), so that on a busy machine the engine comes first",
+    )
     args = parser.parse_args(argv)
     if args.nice:
         os.nice(args.nice)

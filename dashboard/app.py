@@ -25,9 +25,13 @@ def server_url() -> str:
 
 def main() -> None:
     st.set_page_config(page_title="moescope", layout="wide")
-    pages = st.navigation([st.Page(live.page, title="Live", default=True),
-                           st.Page(replay.page, title="Replay", url_path="replay"),
-                           st.Page(compare_page.page, title="Compare", url_path="compare")])
+    pages = st.navigation(
+        [
+            st.Page(live.page, title="Live", default=True),
+            st.Page(replay.page, title="Replay", url_path="replay"),
+            st.Page(compare_page.page, title="Compare", url_path="compare"),
+        ]
+    )
     with st.sidebar:
         st.title("moescope")
         st.caption(server_url())

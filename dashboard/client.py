@@ -32,8 +32,13 @@ def get_knobs(url: str) -> dict[str, Any]:
 def patch_knobs(url: str, changes: dict[str, Any]) -> tuple[bool, str]:
     """PATCH /api/knobs; (True, "applied as version N") or (False, the server's message)."""
     try:
-        resp = httpx.patch(url.rstrip("/") + "/api/knobs", params={"origin": "dashboard"},
-                           json=changes, headers=_headers(), timeout=TIMEOUT_S)
+        resp = httpx.patch(
+            url.rstrip("/") + "/api/knobs",
+            params={"origin": "dashboard"},
+            json=changes,
+            headers=_headers(),
+            timeout=TIMEOUT_S,
+        )
     except httpx.HTTPError as exc:
         return False, f"server unreachable: {exc}"
     if resp.status_code == 200:
@@ -61,19 +66,24 @@ def get_experts(url: str) -> dict[str, Any]:
 def rebalance_experts(url: str, window: int, replicas: int) -> tuple[bool, str]:
     """POST /api/experts/rebalance; (True, what changed) or (False, the server's message)."""
     try:
-        resp = httpx.post(url.rstrip("/") + "/api/experts/rebalance",
-                          json={"window": window, "replicas": replicas}, headers=_headers(),
-                          timeout=TIMEOUT_S)
+        resp = httpx.post(
+            url.rstrip("/") + "/api/experts/rebalance",
+            json={"window": window, "replicas": replicas},
+            headers=_headers(),
+            timeout=TIMEOUT_S,
+        )
     except httpx.HTTPError as exc:
         return False, f"server unreachable: {exc}"
     if resp.status_code != 200:
         return False, _error(resp)
     body = resp.json()
     try:
-        return True, (f"placement v{body['placement_version']}: predicted imbalance "
-                      f"{body['imbalance_before']:.2f} → {body['imbalance_after']:.2f} "
-                      f"(loads of {body['window_steps']} steps, {body['replicas']} replicas, "
-                      f"{body['moved_bytes']:,} bytes of weights moved)")
+        return True, (
+            f"placement v{body['placement_version']}: predicted imbalance "
+            f"{body['imbalance_before']:.2f} → {body['imbalance_after']:.2f} "
+            f"(loads of {body['window_steps']} steps, {body['replicas']} replicas, "
+            f"{body['moved_bytes']:,} bytes of weights moved)"
+        )
     except (KeyError, TypeError, ValueError):
         return True, f"rebalanced: {body}"
 
@@ -86,8 +96,7 @@ def list_sessions(url: str) -> list[dict[str, Any]]:
 
 
 def _get(url: str, path: str, **params: Any) -> dict[str, Any]:
-    resp = httpx.get(url.rstrip("/") + path, params=params, headers=_headers(),
-                     timeout=TIMEOUT_S)
+    resp = httpx.get(url.rstrip("/") + path, params=params, headers=_headers(), timeout=TIMEOUT_S)
     resp.raise_for_status()
     return resp.json()
 
@@ -97,8 +106,9 @@ def get_session(url: str, session_id: str) -> dict[str, Any]:
     return _get(url, f"/api/sessions/{session_id}")
 
 
-def get_steps(url: str, session_id: str, every: int = 1,
-              max_steps: int = 20_000) -> list[dict[str, Any]]:
+def get_steps(
+    url: str, session_id: str, every: int = 1, max_steps: int = 20_000
+) -> list[dict[str, Any]]:
     """GET /api/sessions/{id}/steps, following `next` pages, at most `max_steps` records."""
     out: list[dict[str, Any]] = []
     start: int | None = None

@@ -65,8 +65,11 @@ def summarize(session: Record, steps: Sequence[Record], requests: Sequence[Recor
     mean over layers of `layer_imbalance`; mean step ms is the server's (every step) when
     present, else the mean of the given steps' `dur_ms.total`.
     """
-    span = (max(r["finished_t"] for r in requests) - min(r["arrival"] for r in requests)
-            if requests else 0.0)
+    span = (
+        max(r["finished_t"] for r in requests) - min(r["arrival"] for r in requests)
+        if requests
+        else 0.0
+    )
     out_tok = sum(r["output_len"] for r in requests)
     all_tok = out_tok + sum(r["prompt_len"] for r in requests)
     ttft = [r["ttft_ms"] for r in requests if r.get("ttft_ms") is not None]
@@ -77,13 +80,18 @@ def summarize(session: Record, steps: Sequence[Record], requests: Sequence[Recor
     if mean_step is None and steps:
         mean_step = sum(s["dur_ms"]["total"] for s in steps) / len(steps)
     return {
-        "id": session.get("id"), "label": session.get("label"), "kind": session.get("kind"),
-        "steps": session.get("steps", len(steps)), "requests": len(requests),
+        "id": session.get("id"),
+        "label": session.get("label"),
+        "kind": session.get("kind"),
+        "steps": session.get("steps", len(steps)),
+        "requests": len(requests),
         "span_s": span,
         "output_tok_s": out_tok / span if span > 0 else None,
         "total_tok_s": all_tok / span if span > 0 else None,
-        "ttft_p50_ms": percentile(ttft, 50), "ttft_p99_ms": percentile(ttft, 99),
-        "tpot_p50_ms": percentile(tpot, 50), "tpot_p99_ms": percentile(tpot, 99),
+        "ttft_p50_ms": percentile(ttft, 50),
+        "ttft_p99_ms": percentile(ttft, 99),
+        "tpot_p50_ms": percentile(tpot, 50),
+        "tpot_p99_ms": percentile(tpot, 99),
         "preemptions": sum(r.get("preemptions", 0) for r in requests),
         "layer_imbalance": layers,
         "imbalance": sum(finite) / len(finite) if finite else None,
@@ -109,8 +117,16 @@ def delta_rows(a: Record, b: Record) -> list[dict[str, str]]:
             diff = f"{y - x:+,.2f}" if isinstance(y - x, float) else f"{y - x:+d}"
             ratio = f"{y / x:.3f}x" if x else "–"
             better = "=" if x == y else ("B" if (y < x) == lower_better else "A")
-        rows.append({"metric": label, "A": _fmt(x), "B": _fmt(y), "B − A": diff,
-                     "B / A": ratio, "better": better})
+        rows.append(
+            {
+                "metric": label,
+                "A": _fmt(x),
+                "B": _fmt(y),
+                "B − A": diff,
+                "B / A": ratio,
+                "better": better,
+            }
+        )
     return rows
 
 

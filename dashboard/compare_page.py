@@ -12,9 +12,14 @@ from dashboard.window import StepWindow, WindowView
 
 MAX_CHART_STEPS = 3000
 CHARTS = ("throughput", "latency", "step_time", "queues", "imbalance", "kv")
-FIGURES = {"throughput": charts.throughput, "latency": charts.latency,
-           "step_time": charts.step_time, "queues": charts.queues,
-           "imbalance": charts.imbalance, "kv": charts.kv_area}
+FIGURES = {
+    "throughput": charts.throughput,
+    "latency": charts.latency,
+    "step_time": charts.step_time,
+    "queues": charts.queues,
+    "imbalance": charts.imbalance,
+    "kv": charts.kv_area,
+}
 
 
 def _label(s: dict[str, Any]) -> str:
@@ -23,13 +28,18 @@ def _label(s: dict[str, Any]) -> str:
 
 
 @st.cache_data(ttl=5, show_spinner="loading session…")
-def load(url: str, session_id: str) -> tuple[dict[str, Any], list[dict[str, Any]],
-                                            list[dict[str, Any]], WindowView]:
+def load(
+    url: str, session_id: str
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]], WindowView]:
     """The session's summary, its first MAX_CHART_STEPS steps, its requests and the charts'
     view of those steps."""
     steps = get_steps(url, session_id, max_steps=MAX_CHART_STEPS)
-    return (get_session(url, session_id), steps, get_requests(url, session_id),
-            StepWindow.of(steps))
+    return (
+        get_session(url, session_id),
+        steps,
+        get_requests(url, session_id),
+        StepWindow.of(steps),
+    )
 
 
 def default_pair(sessions: list[dict[str, Any]]) -> tuple[int, int]:
@@ -61,8 +71,10 @@ def page() -> None:
     st.dataframe(delta_rows(sum_a, sum_b), hide_index=True, key="cmp_table")
     for side, s in (("A", sess_a), ("B", sess_b)):
         if s.get("steps", 0) > MAX_CHART_STEPS:
-            st.caption(f"{side}: charts and imbalance show the first {MAX_CHART_STEPS} of "
-                       f"{s['steps']} steps")
+            st.caption(
+                f"{side}: charts and imbalance show the first {MAX_CHART_STEPS} of "
+                f"{s['steps']} steps"
+            )
     views = {"A": view_a, "B": view_b}
     for name in CHARTS:
         cols = st.columns(2)

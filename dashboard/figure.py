@@ -24,11 +24,34 @@ def _axis(title: str, **extra: Any) -> dict[str, Any]:
 def markers(marks: Markers, axis: str = "") -> tuple[list[Layout], list[Layout]]:
     """Dashed vertical lines, each labelled, at the steps of knob changes (on x/y`axis`)."""
     xref, yref = f"x{axis}", f"y{axis} domain"
-    shapes = [{"type": "line", "xref": xref, "yref": yref, "x0": x, "x1": x, "y0": 0, "y1": 1,
-               "line": {"dash": "dash", "color": MARKER, "width": 1}} for x, _ in marks]
-    notes = [{"xref": xref, "yref": yref, "x": x, "y": 1, "text": text, "showarrow": False,
-              "xanchor": "right", "yanchor": "top", "font": {"size": 10, "color": MARKER},
-              "bgcolor": "rgba(255, 255, 255, 0.8)"} for x, text in marks]
+    shapes = [
+        {
+            "type": "line",
+            "xref": xref,
+            "yref": yref,
+            "x0": x,
+            "x1": x,
+            "y0": 0,
+            "y1": 1,
+            "line": {"dash": "dash", "color": MARKER, "width": 1},
+        }
+        for x, _ in marks
+    ]
+    notes = [
+        {
+            "xref": xref,
+            "yref": yref,
+            "x": x,
+            "y": 1,
+            "text": text,
+            "showarrow": False,
+            "xanchor": "right",
+            "yanchor": "top",
+            "font": {"size": 10, "color": MARKER},
+            "bgcolor": "rgba(255, 255, 255, 0.8)",
+        }
+        for x, text in marks
+    ]
     return shapes, notes
 
 
@@ -45,17 +68,27 @@ def _range(span: Span) -> dict[str, Any]:
     return {} if span is None else {"range": list(span)}
 
 
-def figure(traces: Sequence[Any], title: str, y_title: str = "", x_title: str = "step",
-           marks: Markers = (), span: Span = None, **layout: Any) -> go.Figure:
+def figure(
+    traces: Sequence[Any],
+    title: str,
+    y_title: str = "",
+    x_title: str = "step",
+    marks: Markers = (),
+    span: Span = None,
+    **layout: Any,
+) -> go.Figure:
     """One panel: `traces` over a shared x axis (over `span`), knob-change `marks`, extra
     `layout` keys."""
     shapes, notes = markers(marks)
     base: Layout = {
-        "title": {"text": title}, "height": HEIGHT,
+        "title": {"text": title},
+        "height": HEIGHT,
         "margin": {"l": 50, "r": 20, "t": 40, "b": 40},
         "legend": {"orientation": "h", "y": -0.25},
-        "xaxis": _axis(x_title, **_range(span)), "yaxis": _axis(y_title),
-        "shapes": shapes, "annotations": notes,
+        "xaxis": _axis(x_title, **_range(span)),
+        "yaxis": _axis(y_title),
+        "shapes": shapes,
+        "annotations": notes,
     }
     return go.Figure(data=list(traces), layout=_merged(base, layout))
 
@@ -65,20 +98,48 @@ def secondary_y(title: str, **extra: Any) -> Layout:
     return _axis(title, overlaying="y", side="right", **extra)
 
 
-def side_by_side(left: Sequence[Any], right: Sequence[Any], title: str,
-                 titles: tuple[str, str], x_titles: tuple[str, str],
-                 y_titles: tuple[str, str], marks: Markers = (), span: Span = None,
-                 **layout: Any) -> go.Figure:
+def side_by_side(
+    left: Sequence[Any],
+    right: Sequence[Any],
+    title: str,
+    titles: tuple[str, str],
+    x_titles: tuple[str, str],
+    y_titles: tuple[str, str],
+    marks: Markers = (),
+    span: Span = None,
+    **layout: Any,
+) -> go.Figure:
     """Two plots in one panel (left: x/y, right: x2/y2, where `marks`, `span` and the
     legend go)."""
     for trace in right:
         trace.update(xaxis="x2", yaxis="y2")
     shapes, notes = markers(marks, "2")
-    subtitles = [{"xref": "paper", "yref": "paper", "x": x, "y": 1.0, "text": text,
-                  "showarrow": False, "xanchor": "center", "yanchor": "bottom"}
-                 for x, text in zip((0.2, 0.775), titles, strict=True)]
-    return figure([*left, *right], title, **_merged({
-        "xaxis": _axis(x_titles[0], domain=[0, 0.4]), "yaxis": _axis(y_titles[0]),
-        "xaxis2": _axis(x_titles[1], domain=[0.55, 1], anchor="y2", **_range(span)),
-        "yaxis2": _axis(y_titles[1], anchor="x2"), "legend": {"x": 0.55},
-        "shapes": shapes, "annotations": subtitles + notes}, layout))
+    subtitles = [
+        {
+            "xref": "paper",
+            "yref": "paper",
+            "x": x,
+            "y": 1.0,
+            "text": text,
+            "showarrow": False,
+            "xanchor": "center",
+            "yanchor": "bottom",
+        }
+        for x, text in zip((0.2, 0.775), titles, strict=True)
+    ]
+    return figure(
+        [*left, *right],
+        title,
+        **_merged(
+            {
+                "xaxis": _axis(x_titles[0], domain=[0, 0.4]),
+                "yaxis": _axis(y_titles[0]),
+                "xaxis2": _axis(x_titles[1], domain=[0.55, 1], anchor="y2", **_range(span)),
+                "yaxis2": _axis(y_titles[1], anchor="x2"),
+                "legend": {"x": 0.55},
+                "shapes": shapes,
+                "annotations": subtitles + notes,
+            },
+            layout,
+        ),
+    )

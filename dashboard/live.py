@@ -12,14 +12,21 @@ from dashboard.window import StepWindow, WindowView
 
 REFRESH_S = 0.5
 MAX_WINDOW = 600
-ROWS = (("batch", "usage"), ("kv", "queues"), ("kv_blocks",), ("experts", "imbalance"),
-        ("a2a", "a2a_volume"), ("ranks",), ("latency", "throughput"), ("step_time",))
+ROWS = (
+    ("batch", "usage"),
+    ("kv", "queues"),
+    ("kv_blocks",),
+    ("experts", "imbalance"),
+    ("a2a", "a2a_volume"),
+    ("ranks",),
+    ("latency", "throughput"),
+    ("step_time",),
+)
 
 
 def new_stream(url: str) -> TelemetryStream:
     """A live stream as the page runs it: bundled telemetry into a StepWindow."""
-    return TelemetryStream(ws_url(url), maxlen=MAX_WINDOW,
-                           window=StepWindow(MAX_WINDOW)).start()
+    return TelemetryStream(ws_url(url), maxlen=MAX_WINDOW, window=StepWindow(MAX_WINDOW)).start()
 
 
 def stream_for(url: str) -> TelemetryStream:
@@ -37,28 +44,46 @@ def knob_input(name: str, entry: dict[str, Any], value: Any, key: str) -> None:
     """Draw one knob's input; Apply reads its value from st.session_state[key]."""
     help_text = f"{entry['description']} — allowed {entry['allowed']}".lstrip(" —")
     if "enum" in entry:
-        st.selectbox(name, entry["enum"], index=entry["enum"].index(value), key=key,
-                     help=help_text)
+        st.selectbox(name, entry["enum"], index=entry["enum"].index(value), key=key, help=help_text)
     elif entry.get("type") == "boolean":
         st.checkbox(name, value=bool(value), key=key, help=help_text)
     elif entry.get("type") == "integer":
-        st.number_input(name, min_value=entry.get("minimum"), max_value=entry.get("maximum"),
-                        value=value, step=1, key=key, help=help_text, placeholder="null")
+        st.number_input(
+            name,
+            min_value=entry.get("minimum"),
+            max_value=entry.get("maximum"),
+            value=value,
+            step=1,
+            key=key,
+            help=help_text,
+            placeholder="null",
+        )
     else:
         low = entry.get("minimum", entry.get("exclusive_minimum"))
-        st.number_input(name, min_value=None if low is None else float(low),
-                        max_value=entry.get("maximum"),
-                        value=None if value is None else float(value), step=0.01,
-                        format="%.3f", key=key, help=help_text, placeholder="null")
+        st.number_input(
+            name,
+            min_value=None if low is None else float(low),
+            max_value=entry.get("maximum"),
+            value=None if value is None else float(value),
+            step=0.01,
+            format="%.3f",
+            key=key,
+            help=help_text,
+            placeholder="null",
+        )
 
 
 def apply_knobs(url: str, shown: dict[str, Any], keys: dict[str, str]) -> None:
     """Apply's callback (it runs before the page is drawn again, which then reads the new
     version): PATCH the knobs whose inputs differ from the values shown."""
-    changes = {name: st.session_state[key] for name, key in keys.items()
-               if st.session_state[key] != shown[name]}
-    st.session_state["knob_msg"] = (patch_knobs(url, changes) if changes
-                                    else (True, "nothing changed"))
+    changes = {
+        name: st.session_state[key]
+        for name, key in keys.items()
+        if st.session_state[key] != shown[name]
+    }
+    st.session_state["knob_msg"] = (
+        patch_knobs(url, changes) if changes else (True, "nothing changed")
+    )
 
 
 def knob_panel(url: str) -> None:
@@ -74,8 +99,9 @@ def knob_panel(url: str) -> None:
     with st.form("knobs"):
         for name, key in keys.items():
             knob_input(name, state["schema"][name], knobs[name], key)
-        st.form_submit_button("Apply", key="apply", type="primary", on_click=apply_knobs,
-                              args=(url, knobs, keys))
+        st.form_submit_button(
+            "Apply", key="apply", type="primary", on_click=apply_knobs, args=(url, knobs, keys)
+        )
     msg = st.session_state.get("knob_msg")
     if msg is not None:
         (st.success if msg[0] else st.error)(msg[1])
@@ -85,12 +111,23 @@ def rebalance_panel(url: str) -> None:
     """Re-place experts from recent loads (POST /api/experts/rebalance); shows the answer."""
     st.header("Expert placement")
     with st.form("rebalance"):
-        window = st.number_input("window (steps)", min_value=1, max_value=4096, value=64,
-                                 step=1, key="rebalance_window",
-                                 help="recent steps whose expert loads count")
-        replicas = st.number_input("replicas", min_value=0, value=0, step=1,
-                                   key="rebalance_replicas",
-                                   help="redundant copies of the hottest experts")
+        window = st.number_input(
+            "window (steps)",
+            min_value=1,
+            max_value=4096,
+            value=64,
+            step=1,
+            key="rebalance_window",
+            help="recent steps whose expert loads count",
+        )
+        replicas = st.number_input(
+            "replicas",
+            min_value=0,
+            value=0,
+            step=1,
+            key="rebalance_replicas",
+            help="redundant copies of the hottest experts",
+        )
         submitted = st.form_submit_button("Rebalance experts", key="rebalance")
     if submitted:
         st.session_state["rebalance_msg"] = rebalance_experts(url, int(window), int(replicas))

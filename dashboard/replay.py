@@ -22,8 +22,11 @@ def _open(url: str, session: str, speed: float) -> TelemetryStream:
     old: TelemetryStream | None = st.session_state.get("replay_stream")
     if old is not None:
         old.stop()
-    stream = TelemetryStream(ws_url(url, f"/ws/replay/{session}?speed={speed}"),
-                             maxlen=MAX_WINDOW, window=StepWindow(MAX_WINDOW)).start()
+    stream = TelemetryStream(
+        ws_url(url, f"/ws/replay/{session}?speed={speed}"),
+        maxlen=MAX_WINDOW,
+        window=StepWindow(MAX_WINDOW),
+    ).start()
     st.session_state["replay_stream"] = stream
     return stream
 
@@ -60,8 +63,13 @@ def page() -> None:
         return
     with st.sidebar:
         chosen = st.selectbox("session", sessions, format_func=_label, key="replay_session")
-        speed = st.selectbox("speed", SPEEDS, index=1, key="replay_speed",
-                             format_func=lambda s: f"{s:g}x" if s else "as fast as possible")
+        speed = st.selectbox(
+            "speed",
+            SPEEDS,
+            index=1,
+            key="replay_speed",
+            format_func=lambda s: f"{s:g}x" if s else "as fast as possible",
+        )
         window = st.slider("steps shown", 50, MAX_WINDOW, 600, step=50, key="replay_window")
         play = st.button("Play", type="primary", key="replay_play")
     stream: TelemetryStream | None = st.session_state.get("replay_stream")

@@ -12,7 +12,12 @@ from websockets.sync.client import connect
 from dashboard.window import StepWindow, WindowView
 
 CONNECTING, CONNECTED, RECONNECTING, GONE, STOPPED = (
-    "connecting", "connected", "reconnecting", "server gone", "stopped")
+    "connecting",
+    "connected",
+    "reconnecting",
+    "server gone",
+    "stopped",
+)
 
 
 class TelemetryStream:
@@ -28,8 +33,14 @@ class TelemetryStream:
     arrives, so the charts' statistics are ready when the page asks for a `view`.
     """
 
-    def __init__(self, ws_url: str, maxlen: int = 600, gone_after_s: float = 5.0,
-                 max_backoff_s: float = 2.0, window: StepWindow | None = None) -> None:
+    def __init__(
+        self,
+        ws_url: str,
+        maxlen: int = 600,
+        gone_after_s: float = 5.0,
+        max_backoff_s: float = 2.0,
+        window: StepWindow | None = None,
+    ) -> None:
         self.ws_url = ws_url
         self.window = window
         self.gone_after_s = gone_after_s
@@ -87,8 +98,9 @@ class TelemetryStream:
         backoff = 0.1
         while not self._stop.is_set():
             try:
-                with connect(self.ws_url, open_timeout=2, close_timeout=1, max_size=None,
-                             compression=None) as ws:
+                with connect(
+                    self.ws_url, open_timeout=2, close_timeout=1, max_size=None, compression=None
+                ) as ws:
                     self.state, self.error, backoff = CONNECTED, "", 0.1
                     self._ws = ws
                     try:

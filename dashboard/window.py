@@ -20,11 +20,32 @@ from dashboard.rolling import RollingPercentiles, RollingRate, RollingSum
 Frame = dict[str, Any]
 STAGES = ("schedule", "prepare", "forward", "sample", "moe")
 QUEUES = ("waiting", "running", "swapped", "preempted")
-COLUMNS = ("step", "max_slots", "occupancy", "budget", "kv.used", "kv.cached", "kv.free",
-           "kv.usable", "kv.watermark", *(f"dur.{s}" for s in STAGES),
-           *(f"queue.{q}" for q in QUEUES), "dropped", "a2a.total", "a2a.gather", "a2a.measured",
-           "rank.imbalance", "blocks.mean", "blocks.max", "ttft.p50", "ttft.p99", "tpot.p50",
-           "tpot.p99", "tok_s", "decode_tok_s")
+COLUMNS = (
+    "step",
+    "max_slots",
+    "occupancy",
+    "budget",
+    "kv.used",
+    "kv.cached",
+    "kv.free",
+    "kv.usable",
+    "kv.watermark",
+    *(f"dur.{s}" for s in STAGES),
+    *(f"queue.{q}" for q in QUEUES),
+    "dropped",
+    "a2a.total",
+    "a2a.gather",
+    "a2a.measured",
+    "rank.imbalance",
+    "blocks.mean",
+    "blocks.max",
+    "ttft.p50",
+    "ttft.p99",
+    "tpot.p50",
+    "tpot.p99",
+    "tok_s",
+    "decode_tok_s",
+)
 LATENCY_WINDOW = 64  # finished requests
 RATE_WINDOW = 20  # steps
 EXPERT_WINDOW = 100  # steps
@@ -40,8 +61,7 @@ def knob_label(changes: dict[str, list[Any]]) -> str:
 def blocks(frame: Frame) -> list[tuple[int, str, int, int]]:
     """(slot, request, KV blocks, context tokens) of each request in the frame's batch."""
     size = max(frame["kv"]["block_size"], 1)
-    return [(s["slot"], s["req"], -(-s["ctx"] // size), s["ctx"])
-            for s in frame["batch"]["slots"]]
+    return [(s["slot"], s["req"], -(-s["ctx"] // size), s["ctx"]) for s in frame["batch"]["slots"]]
 
 
 def layer_imbalance(counts: np.ndarray) -> np.ndarray:
@@ -128,8 +148,9 @@ class StepWindow:
         self._imbalance.append(layer_imbalance(counts))
         self._slots.append(self._slot_column(frame["batch"]["slots"]))
         for change in frame.get("knob_changes") or []:
-            self._markers.append((frame["step"],
-                                  f"v{change['version']}: {knob_label(change['changes'])}"))
+            self._markers.append(
+                (frame["step"], f"v{change['version']}: {knob_label(change['changes'])}")
+            )
         while self._markers and self._markers[0][0] < self._rows[0][0]:
             self._markers.popleft()
         self._latest = frame
@@ -140,7 +161,8 @@ class StepWindow:
         decode, prefill = batch["num_decode_tokens"], batch["num_prefill_tokens"]
         sizes = [b for _, _, b, _ in blocks(frame)]
         row = {
-            "step": frame["step"], "max_slots": batch["max_slots"],
+            "step": frame["step"],
+            "max_slots": batch["max_slots"],
             "occupancy": len(batch["slots"]) / max(batch["max_slots"], 1),
             "budget": (prefill + decode) / max(batch["token_budget"], 1),
             **{f"kv.{k}": kv[k] for k in ("used", "cached", "free", "usable")},
@@ -151,7 +173,8 @@ class StepWindow:
             "a2a.total": sum(map(sum, a2a["bytes"])),
             "a2a.gather": sum(map(sum, a2a.get("gather_bytes") or [])),
             "a2a.measured": a2a["mode"] == "measured",
-            "rank.imbalance": a2a.get("imbalance", math.nan) if a2a.get("rank_tokens")
+            "rank.imbalance": a2a.get("imbalance", math.nan)
+            if a2a.get("rank_tokens")
             else math.nan,
             "blocks.mean": sum(sizes) / len(sizes) if sizes else math.nan,
             "blocks.max": max(sizes, default=math.nan),
@@ -159,7 +182,8 @@ class StepWindow:
         row["ttft.p50"], row["ttft.p99"] = self._ttft.add(latency["ttft_ms"])
         row["tpot.p50"], row["tpot.p99"] = self._tpot.add(latency["tpot_ms"])
         row["tok_s"], row["decode_tok_s"] = self._rate.add(
-            frame["t"], np.array([prefill + decode, decode]))
+            frame["t"], np.array([prefill + decode, decode])
+        )
         return row
 
     def _colour(self, req: str) -> int:
@@ -177,7 +201,8 @@ class StepWindow:
             np.array([s["slot"] for s in slots], dtype=int),
             np.array([self._colour(s["req"]) for s in slots], dtype=float),
             [f"{s['req']} {s['phase']} {s['tokens']} tok, ctx {s['ctx']}" for s in slots],
-            [s["slot"] for s in slots if s["phase"] == "prefill"])
+            [s["slot"] for s in slots if s["phase"] == "prefill"],
+        )
 
     def view(self, last: int | None = None) -> WindowView:
         """The last `last` steps (all when None) as arrays."""
@@ -187,9 +212,14 @@ class StepWindow:
         columns = np.array(rows, dtype=float).reshape(n, len(COLUMNS))
         first = rows[0][0] if rows else math.inf
         return WindowView(
-            columns, _stack(list(self._imbalance)[start:]), list(self._slots)[start:],
-            [m for m in self._markers if m[0] >= first], self._experts.total,
-            self._experts.count, self._latest)
+            columns,
+            _stack(list(self._imbalance)[start:]),
+            list(self._slots)[start:],
+            [m for m in self._markers if m[0] >= first],
+            self._experts.total,
+            self._experts.count,
+            self._latest,
+        )
 
 
 def _stack(rows: list[np.ndarray]) -> np.ndarray:
@@ -199,5 +229,5 @@ def _stack(rows: list[np.ndarray]) -> np.ndarray:
         return np.array(rows, dtype=float)
     out = np.full((len(rows), max(widths, default=0)), math.nan)
     for i, r in enumerate(rows):
-        out[i, :len(r)] = r
+        out[i, : len(r)] = r
     return out

@@ -80,6 +80,6 @@ class TelemetryBus:
         for sub in subs:
             try:
                 sub.put(record)
-            except Exception:  # noqa: BLE001 - a broken consumer must not stop the engine
+            except Exception:  # a broken consumer must not stop the engine
                 log.exception("telemetry subscriber failed; unsubscribing it")
                 self.unsubscribe(sub)

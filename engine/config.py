@@ -7,7 +7,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
-from engine.parallel import max_replicas
+from engine.ep.placement import max_replicas
 
 Family = Literal["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]
 QKNorm = Literal["none", "head", "full"]
@@ -85,7 +85,9 @@ class Knobs(BaseModel):
         None, gt=0.0, le=64.0, description="null = dropless"
     )
     eplb_interval_steps: int | None = Field(
-        None, ge=1, le=1_000_000,
+        None,
+        ge=1,
+        le=1_000_000,
         description="rebalance expert placement every N steps (null = off; needs ep_size > 1)",
     )
     eplb_replicas: int = Field(
@@ -131,13 +133,20 @@ class Knobs(BaseModel):
     def _check_eplb(self, ctx: dict[str, Any]) -> None:
         ep_size, experts = ctx.get("ep_size"), ctx.get("num_experts")
         if self.eplb_interval_steps is not None and ep_size == 1:
-            raise ValueError("eplb_interval_steps needs expert parallel (ep_size > 1); "
-                             "this engine runs ep_size 1")
-        if experts is not None and ep_size is not None and \
-                self.eplb_replicas > max_replicas(experts, ep_size):
-            raise ValueError(f"eplb_replicas ({self.eplb_replicas}) must be at most "
-                             f"{max_replicas(experts, ep_size)} ({experts} experts x "
-                             f"{ep_size - 1} other ranks)")
+            raise ValueError(
+                "eplb_interval_steps needs expert parallel (ep_size > 1); "
+                "this engine runs ep_size 1"
+            )
+        if (
+            experts is not None
+            and ep_size is not None
+            and self.eplb_replicas > max_replicas(experts, ep_size)
+        ):
+            raise ValueError(
+                f"eplb_replicas ({self.eplb_replicas}) must be at most "
+                f"{max_replicas(experts, ep_size)} ({experts} experts x "
+                f"{ep_size - 1} other ranks)"
+            )
 
 
 @dataclass(frozen=True)
@@ -156,9 +165,12 @@ class EngineConfig:
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-CACHE_ARGS = {"block_size": "block_size", "num_kv_blocks": "num_blocks",
-              "num_host_blocks": "num_host_blocks",
-              "enable_prefix_caching": "enable_prefix_caching"}
+CACHE_ARGS = {
+    "block_size": "block_size",
+    "num_kv_blocks": "num_blocks",
+    "num_host_blocks": "num_host_blocks",
+    "enable_prefix_caching": "enable_prefix_caching",
+}
 
 
 def engine_config(model: str = "synthetic:tiny", **kwargs: Any) -> EngineConfig:
@@ -168,8 +180,9 @@ def engine_config(model: str = "synthetic:tiny", **kwargs: Any) -> EngineConfig:
         default_chunk = Knobs.model_fields["prefill_chunk_size"].default
         knob_args["prefill_chunk_size"] = min(default_chunk, knob_args["max_num_batched_tokens"])
     cache_args = {CACHE_ARGS[k]: kwargs.pop(k) for k in list(kwargs) if k in CACHE_ARGS}
-    parallel = ParallelConfig(ep_size=kwargs.pop("ep_size", 1),
-                              distributed=kwargs.pop("ep_distributed", False))
+    parallel = ParallelConfig(
+        ep_size=kwargs.pop("ep_size", 1), distributed=kwargs.pop("ep_distributed", False)
+    )
     dtype = kwargs.pop("dtype", torch.float32)
     if isinstance(dtype, str):
         if dtype not in DTYPES:
@@ -188,5 +201,6 @@ def engine_config(model: str = "synthetic:tiny", **kwargs: Any) -> EngineConfig:
     cache = CacheConfig(**cache_args)
     if cache.block_size < 1 or cache.num_blocks < 1 or cache.num_host_blocks < 0:
         raise ValueError("block_size and num_kv_blocks must be positive, num_host_blocks >= 0")
-    return EngineConfig(model=model, dtype=dtype, cache=cache, parallel=parallel,
-                        knobs=Knobs(**knob_args), **kwargs)
+    return EngineConfig(
+        model=model, dtype=dtype, cache=cache, parallel=parallel, knobs=Knobs(**knob_args), **kwargs
+    )

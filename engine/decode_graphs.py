@@ -1,7 +1,7 @@
 """Decode steps replayed from CUDA graphs, one graph per padded batch size.
 
 A step whose chunks are all decodes is padded up to the next size in SIZES and run on static
-buffers: token ids, positions, KV slots, block tables at the model's full width, context
+buffers: token ids, positions, KV cache indices, block tables at the model's full width, context
 lengths, ranks and a row mask. Padding rows write their K/V into a scratch block (one block
 past those the block manager hands out) and attend to it alone; MoE layers leave them out of
 their expert counts. A graph is captured on the first step of its size, for the backends in
@@ -49,12 +49,12 @@ class DecodeGraphs:
         self.model = model
         self.device = model.embed_tokens.weight.device
         self.scratch_block = scratch_block
-        self.scratch_slot = scratch_block * block_size
+        self.scratch_index = scratch_block * block_size
         width = -(-model.cfg.max_model_len // block_size)
         n, dev, long = SIZES[-1], self.device, torch.long
         self.ids = torch.zeros(n, dtype=long, device=dev)
         self.positions = torch.zeros(n, dtype=long, device=dev)
-        self.slots = torch.zeros(n, dtype=long, device=dev)
+        self.kv_index = torch.zeros(n, dtype=long, device=dev)
         self.tables = torch.zeros(n, width, dtype=long, device=dev)
         self.lens = torch.ones(n, dtype=long, device=dev)
         self.ranks = torch.zeros(n, dtype=long, device=dev)
@@ -64,12 +64,22 @@ class DecodeGraphs:
         self.pool = torch.cuda.graph_pool_handle() if dev.type == "cuda" else None
 
     def eligible(self, ctx: ForwardContext, num_rows: int) -> bool:
-        return (not ctx.prefills and ctx.expert_capacity_factor is None and ctx.ep is None
-                and 0 < num_rows <= SIZES[-1] and attn_backend(self.device) == "triton"
-                and moe_backend(self.device) != "loop")
+        return (
+            not ctx.prefills
+            and ctx.expert_capacity_factor is None
+            and ctx.ep is None
+            and 0 < num_rows <= SIZES[-1]
+            and attn_backend(self.device) == "triton"
+            and moe_backend(self.device) != "loop"
+        )
 
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
-            sample_rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def run(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        ctx: ForwardContext,
+        sample_rows: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
         """(logits of sample_rows, expert counts, dropped, rank pairs) for one decode step."""
         n = input_ids.numel()
         size = next(s for s in SIZES if s >= n)
@@ -78,18 +88,28 @@ class DecodeGraphs:
         key = (size, ctx.placement.version, moe_backend(self.device), attn_backend(self.device))
         graph = self.graphs.get(key) or self._capture(key, ctx)
         graph.replay()
-        return (graph.logits[sample_rows], graph.counts.clone(), graph.dropped.clone(),
-                graph.rank_pairs.clone())
+        return (
+            graph.logits[sample_rows],
+            graph.counts.clone(),
+            graph.dropped.clone(),
+            graph.rank_pairs.clone(),
+        )
 
-    def _fill(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
-              n: int, size: int) -> None:
+    def _fill(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        ctx: ForwardContext,
+        n: int,
+        size: int,
+    ) -> None:
         """Copy the step into the static buffers; rows n..size become padding."""
         self.ids[:n].copy_(input_ids)
         self.ids[n:size].zero_()
         self.positions[:n].copy_(positions)
         self.positions[n:size].zero_()
-        self.slots[:n].copy_(ctx.slot_mapping)
-        self.slots[n:size].fill_(self.scratch_slot)
+        self.kv_index[:n].copy_(ctx.kv_index)
+        self.kv_index[n:size].fill_(self.scratch_index)
         self.tables[:size].fill_(self.scratch_block)
         self.lens[:size].fill_(1)
         for group in ctx.decodes:
@@ -103,17 +123,24 @@ class DecodeGraphs:
     def _capture(self, key: tuple[int, int, str, str], step: ForwardContext) -> _Graph:
         size = key[0]
         ctx = ForwardContext(
-            slot_mapping=self.slots[:size], prefills=[],
+            kv_index=self.kv_index[:size],
+            prefills=[],
             decodes=[DecodeGroup(self.rows[:size], self.tables[:size], self.lens[:size])],
-            token_rank=self.ranks[:size], placement=step.placement, row_valid=self.valid[:size],
+            token_rank=self.ranks[:size],
+            placement=step.placement,
+            row_valid=self.valid[:size],
         )
 
         def forward() -> tuple[torch.Tensor, ...]:
             for stats in (ctx.expert_counts, ctx.expert_dropped, ctx.rank_pairs):
                 stats.clear()
             hidden = self.model(self.ids[:size], self.positions[:size], ctx)
-            return (self.model.compute_logits(hidden), torch.stack(ctx.expert_counts),
-                    torch.stack(ctx.expert_dropped), torch.stack(ctx.rank_pairs))
+            return (
+                self.model.compute_logits(hidden),
+                torch.stack(ctx.expert_counts),
+                torch.stack(ctx.expert_dropped),
+                torch.stack(ctx.rank_pairs),
+            )
 
         if self.pool is None:
             outputs = forward()

@@ -23,7 +23,7 @@ class IncrementalText:
         after = tokenizer.decode(token_ids[self.prefix :])
         if not after.startswith(before):  # not prefix-stable here: decode it all
             return tokenizer.decode(token_ids)
-        new = after[len(before):]
+        new = after[len(before) :]
         if new and not new.endswith("\ufffd"):
             self.settled += new
             self.prefix, self.read = self.read, len(token_ids)

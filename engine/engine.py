@@ -11,11 +11,11 @@ from typing import Any, Literal
 import torch
 
 from engine.config import EngineConfig, Knobs, engine_config
-from engine.ep_ranks import Ranks, model_runner
-from engine.eplb import predicted_imbalance, rebalance
+from engine.ep.placement import Placement, a2a_bytes, gather_bytes, imbalance, max_replicas
+from engine.ep.ranks import Ranks, model_runner
+from engine.ep.rebalance import predicted_imbalance, rebalance
 from engine.kv_cache import BlockManager
 from engine.outputs import RequestOutput, tpot
-from engine.parallel import Placement, a2a_bytes, gather_bytes, imbalance, max_replicas
 from engine.request import Request, Status, auto_request_id
 from engine.runner import ForwardResult
 from engine.sampling import Sampler
@@ -57,8 +57,9 @@ class LLMEngine:
         distributed = cfg.parallel.distributed and cfg.parallel.ep_size > 1
         self.ranks = Ranks(cfg) if distributed else None
         try:
-            self.runner, self.tokenizer = model_runner(cfg, self.ranks.group if self.ranks
-                                                       else None)
+            self.runner, self.tokenizer = model_runner(
+                cfg, self.ranks.group if self.ranks else None
+            )
         except BaseException:
             self.close()
             raise
@@ -203,8 +204,13 @@ class LLMEngine:
 
     def _validate_knobs(self, values: dict[str, Any]) -> Knobs:
         max_len = self.model_config.max_model_len
-        need = max((self.blocks.blocks_for(min(r.max_total_tokens, max_len))
-                    for r in self.requests.values()), default=1)
+        need = max(
+            (
+                self.blocks.blocks_for(min(r.max_total_tokens, max_len))
+                for r in self.requests.values()
+            ),
+            default=1,
+        )
         context = {
             "total_blocks": self.blocks.total,
             "min_blocks": need,
@@ -229,8 +235,9 @@ class LLMEngine:
             if not diff:
                 return self.knobs_version
             self.knobs_version += 1
-            change = KnobChange(version=self.knobs_version, t=time.time(), origin=origin,
-                                changes=diff)
+            change = KnobChange(
+                version=self.knobs_version, t=time.time(), origin=origin, changes=diff
+            )
             self._pending_knobs.append((new, change))
             return self.knobs_version
 
@@ -264,8 +271,9 @@ class LLMEngine:
         after it, and the number of steps it saw."""
         old = self.placement
         if old.ep_size == 1:
-            raise ValueError("nothing to rebalance: ep_size is 1 (start with --ep N or "
-                             "--ep-size N)")
+            raise ValueError(
+                "nothing to rebalance: ep_size is 1 (start with --ep N or --ep-size N)"
+            )
         most = max_replicas(self.model_config.num_experts, old.ep_size)
         if replicas > most:
             raise ValueError(f"replicas ({replicas}) must be at most {most}")
@@ -276,8 +284,9 @@ class LLMEngine:
         new = rebalance(loads, old, replicas)
         return new, predicted_imbalance(old, loads), predicted_imbalance(new, loads), len(recent)
 
-    def _switch(self, new: Placement, before: float, after: float, steps: int, replicas: int,
-                origin: str) -> dict[str, Any]:
+    def _switch(
+        self, new: Placement, before: float, after: float, steps: int, replicas: int, origin: str
+    ) -> dict[str, Any]:
         """Move the weights to `new` and record the change."""
         old = self.placement
         self._apply_knobs()
@@ -286,16 +295,28 @@ class LLMEngine:
         with self._knob_lock:
             self.knobs_version += 1
             version = self.knobs_version
-        change = KnobChange(version=version, t=time.time(), origin=origin, changes={
-            "expert_placement": [old.version, new.version],
-            "predicted_imbalance": [before, after]})
+        change = KnobChange(
+            version=version,
+            t=time.time(),
+            origin=origin,
+            changes={
+                "expert_placement": [old.version, new.version],
+                "predicted_imbalance": [before, after],
+            },
+        )
         self.applied_knobs_version = version
         self.knob_changes.append(change)
         self._unreported.append(change)
-        return {"placement_version": new.version, "knobs_version": version,
-                "window_steps": steps, "replicas": replicas,
-                "imbalance_before": before, "imbalance_after": after, "moved_bytes": moved,
-                "placement": new.slots()}
+        return {
+            "placement_version": new.version,
+            "knobs_version": version,
+            "window_steps": steps,
+            "replicas": replicas,
+            "imbalance_before": before,
+            "imbalance_after": after,
+            "moved_bytes": moved,
+            "placement": new.hosted(),
+        }
 
     def _auto_rebalance(self) -> None:
         interval = self.knobs.eplb_interval_steps
@@ -403,28 +424,41 @@ class LLMEngine:
             step=sched.step,
             t=time.time(),
             knobs_version=self.applied_knobs_version,
-            dur_ms=Durations(schedule=ms[0], prepare=ms[1], forward=ms[2], moe=moe_ms,
-                             sample=ms[3], total=ms[4]),
+            dur_ms=Durations(
+                schedule=ms[0], prepare=ms[1], forward=ms[2], moe=moe_ms, sample=ms[3], total=ms[4]
+            ),
             batch=BatchInfo(
                 max_slots=self.knobs.max_num_seqs,
                 token_budget=self.knobs.max_num_batched_tokens,
                 num_prefill_tokens=sched.num_prefill_tokens,
                 num_decode_tokens=sched.num_decode_tokens,
-                slots=[Slot(slot=c.slot, req=c.req.request_id,
-                            phase="prefill" if c.is_prefill else "decode",
-                            tokens=c.num_tokens, ctx=c.start + c.num_tokens)
-                       for c in sched.chunks],
+                slots=[
+                    Slot(
+                        slot=c.slot,
+                        req=c.req.request_id,
+                        phase="prefill" if c.is_prefill else "decode",
+                        tokens=c.num_tokens,
+                        ctx=c.start + c.num_tokens,
+                    )
+                    for c in sched.chunks
+                ],
             ),
-            queue=QueueInfo(waiting=len(sch.waiting), running=len(sch.running),
-                            swapped=len(sch.swapped), arrived=arrived,
-                            finished=len(finished), preempted=len(sched.preempted)),
+            queue=QueueInfo(
+                waiting=len(sch.waiting),
+                running=len(sch.running),
+                swapped=len(sch.swapped),
+                arrived=arrived,
+                finished=len(finished),
+                preempted=len(sched.preempted),
+            ),
             kv=self._kv_info(),
             experts=self._expert_info(result),
             a2a=self._a2a_info(result, sched.num_prefill_tokens + sched.num_decode_tokens),
             latency=LatencyInfo(
                 ttft_ms=[round(r.ttft_s * 1000, 3) for r in finished if r.ttft_s is not None],
-                tpot_ms=[round(tp * 1000, 3) for r in finished
-                         if (tp := tpot(r.token_times)) is not None],
+                tpot_ms=[
+                    round(tp * 1000, 3) for r in finished if (tp := tpot(r.token_times)) is not None
+                ],
             ),
             knob_changes=applied,
         )
@@ -433,8 +467,12 @@ class LLMEngine:
         b = self.blocks
         queries = b.prefix_queries
         return KVInfo(
-            block_size=b.block_size, total=b.total, usable=b.usable, used=b.num_used,
-            cached=b.num_cached, free=b.num_free,
+            block_size=b.block_size,
+            total=b.total,
+            usable=b.usable,
+            used=b.num_used,
+            cached=b.num_cached,
+            free=b.num_free,
             tokens=self._filled_kv_tokens(),
             watermark_blocks=int(self.knobs.kv_watermark * b.usable),
             host_total=self.config.cache.num_host_blocks,
@@ -445,8 +483,9 @@ class LLMEngine:
     def _filled_kv_tokens(self) -> int:
         """Token slots filled in used blocks; shared prefix blocks are full and count once."""
         bs = self.blocks.block_size
-        partial = [r.num_computed_tokens % bs for r in self.scheduler.running
-                   if r.num_computed_tokens % bs]
+        partial = [
+            r.num_computed_tokens % bs for r in self.scheduler.running if r.num_computed_tokens % bs
+        ]
         return (self.blocks.num_used - len(partial)) * bs + sum(partial)
 
     def _expert_info(self, result: ForwardResult | None) -> ExpertInfo:
@@ -460,9 +499,14 @@ class LLMEngine:
             dropped = result.expert_dropped.tolist()
         peak = counts.max(dim=1).values.clamp(min=1)
         balance = (counts.float().mean(dim=1) / peak).tolist()
-        return ExpertInfo(layers=cfg.num_layers, experts=cfg.num_experts, top_k=cfg.top_k,
-                          counts=counts.tolist(), dropped=dropped,
-                          balance=[round(x, 4) for x in balance])
+        return ExpertInfo(
+            layers=cfg.num_layers,
+            experts=cfg.num_experts,
+            top_k=cfg.top_k,
+            counts=counts.tolist(),
+            dropped=dropped,
+            balance=[round(x, 4) for x in balance],
+        )
 
     def _a2a_info(self, result: ForwardResult | None, rows: int) -> A2AInfo:
         ep = self.placement.ep_size
@@ -480,6 +524,13 @@ class LLMEngine:
             volume = a2a_bytes(result.rank_pairs, row_bytes)
             per_layer = result.rank_pairs.sum(1)
             gathered = gather_bytes(ep, rows, per_layer.shape[0], row_bytes)
-        return A2AInfo(ep_size=ep, mode=self.a2a_mode, bytes=volume, gather_bytes=gathered,
-                       rank_tokens=per_layer.sum(0).tolist(), rank_moe_ms=moe_ms,
-                       imbalance=imbalance(per_layer), placement_version=self.placement.version)
+        return A2AInfo(
+            ep_size=ep,
+            mode=self.a2a_mode,
+            bytes=volume,
+            gather_bytes=gathered,
+            rank_tokens=per_layer.sum(0).tolist(),
+            rank_moe_ms=moe_ms,
+            imbalance=imbalance(per_layer),
+            placement_version=self.placement.version,
+        )

@@ -6,6 +6,7 @@ from typing import Any
 from tqdm import tqdm
 
 from engine.engine import LLMEngine
+from engine.model.tokenizer import Tokenizer
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -15,7 +16,7 @@ class LLM:
         self.engine = LLMEngine(model=model, **engine_args)
 
     @property
-    def tokenizer(self):  # noqa: ANN201
+    def tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
 
     def close(self) -> None:
@@ -44,11 +45,14 @@ class LLM:
         for p in per_prompt:
             if not isinstance(p, SamplingParams):
                 raise TypeError(f"sampling_params must be SamplingParams, got {type(p).__name__}")
-        token_ids = [self.engine.check_request(p, sp)
-                     for p, sp in zip(prompts, per_prompt, strict=True)]
+        token_ids = [
+            self.engine.check_request(p, sp) for p, sp in zip(prompts, per_prompt, strict=True)
+        ]
         now = time.time()
-        ids = [self.engine.add_request(t, sp, arrival=now)
-               for t, sp in zip(token_ids, per_prompt, strict=True)]
+        ids = [
+            self.engine.add_request(t, sp, arrival=now)
+            for t, sp in zip(token_ids, per_prompt, strict=True)
+        ]
         done: dict[str, RequestOutput] = {}
         generated = 0
         with tqdm(total=len(ids), desc="generate", unit="req", disable=not use_tqdm) as bar:

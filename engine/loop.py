@@ -124,8 +124,12 @@ class EngineLoop:
 
     @property
     def alive(self) -> bool:
-        return (self._thread.is_alive() and self.error is None and not self._stop.is_set()
-                and self.engine.failure is None)
+        return (
+            self._thread.is_alive()
+            and self.error is None
+            and not self._stop.is_set()
+            and self.engine.failure is None
+        )
 
     def _check_alive(self) -> None:
         if not self.alive:
@@ -155,9 +159,7 @@ class EngineLoop:
             raise ValueError("stop strings must not be empty")
         token_ids = self.engine.check_request(prompt, params)
         request_id = self._new_id()
-        self._inbox.put(
-            _Add(token_ids, params, request_id, time.time(), on_output, tuple(stop))
-        )
+        self._inbox.put(_Add(token_ids, params, request_id, time.time(), on_output, tuple(stop)))
         return request_id
 
     def abort(self, request_id: str) -> None:
@@ -210,8 +212,11 @@ class EngineLoop:
                 "subscribers": self.bus.num_subscribers,
                 "streams": len(self._streams),
             },
-            "queue": {"waiting": len(sch.waiting), "running": len(sch.running),
-                      "swapped": len(sch.swapped)},
+            "queue": {
+                "waiting": len(sch.waiting),
+                "running": len(sch.running),
+                "swapped": len(sch.swapped),
+            },
             "kv": {
                 "block_size": blocks.block_size,
                 "total": blocks.total,
@@ -225,9 +230,12 @@ class EngineLoop:
                 "prefix_queries": blocks.prefix_queries,
                 "prefix_hits": blocks.prefix_hits,
             },
-            "parallel": {"ep_size": eng.placement.ep_size,
-                         "mode": eng.a2a_mode,
-                         "placement_version": eng.placement.version, "failure": eng.failure},
+            "parallel": {
+                "ep_size": eng.placement.ep_size,
+                "mode": eng.a2a_mode,
+                "placement_version": eng.placement.version,
+                "failure": eng.failure,
+            },
             "knobs": self.knobs.model_dump(),
             "knobs_version": eng.knobs_version,
             "applied_knobs_version": eng.applied_knobs_version,
@@ -245,7 +253,7 @@ class EngineLoop:
                 if self.engine.has_unfinished() or self._step_now:
                     self._step_now = False
                     self._step()
-        except Exception as exc:  # noqa: BLE001 - reported to every waiting client
+        except Exception as exc:  # reported to every waiting client
             cause = self.engine.wait_failure(1.0) or f"{type(exc).__name__}: {exc}"
             self.error = f"engine loop failed: {cause}"
             log.exception("engine loop failed")
@@ -277,14 +285,13 @@ class EngineLoop:
             self._update_knobs(item)
         else:
             try:
-                self.engine.add_request(item.token_ids, item.params, item.request_id,
-                                        item.arrival)
+                self.engine.add_request(item.token_ids, item.params, item.request_id, item.arrival)
             except ValueError as exc:
                 _call(item.on_output, _error_output(item.request_id, item.token_ids, str(exc)))
                 return
             self._streams[item.request_id] = _Stream(
-                item.on_output, item.stop, item.arrival, len(item.token_ids),
-                item.params.max_tokens)
+                item.on_output, item.stop, item.arrival, len(item.token_ids), item.params.max_tokens
+            )
 
     def _update_knobs(self, item: _KnobUpdate) -> None:
         try:
@@ -340,12 +347,20 @@ class EngineLoop:
             return
         now = time.time()
         ttft = None if stream.ttft_s is None else round(stream.ttft_s * 1000, 3)
-        self.requests.publish({
-            "req": request_id, "arrival": stream.arrival, "finished_t": now,
-            "prompt_len": stream.prompt_len, "output_len": stream.output_len,
-            "max_tokens": stream.max_tokens, "ttft_ms": ttft, "finish_reason": reason,
-            "preemptions": stream.preemptions, "e2e_ms": round((now - stream.arrival) * 1000, 3),
-        })
+        self.requests.publish(
+            {
+                "req": request_id,
+                "arrival": stream.arrival,
+                "finished_t": now,
+                "prompt_len": stream.prompt_len,
+                "output_len": stream.output_len,
+                "max_tokens": stream.max_tokens,
+                "ttft_ms": ttft,
+                "finish_reason": reason,
+                "preemptions": stream.preemptions,
+                "e2e_ms": round((now - stream.arrival) * 1000, 3),
+            }
+        )
 
     def _settle(self, out: RequestOutput, stream: _Stream) -> RequestOutput:
         """Apply stop strings; hold back text that a later token could still change."""
@@ -358,12 +373,12 @@ class EngineLoop:
                 if not out.finished:
                     self.engine.finish(out.request_id)
                     self._step_now = True  # a step reports it even if nothing else runs
-                return replace(out, text=text[:min(hits)], finished=True, finish_reason="stop")
+                return replace(out, text=text[: min(hits)], finished=True, finish_reason="stop")
         if out.finished:
             return out
         end = min(len(text.rstrip("\ufffd")), len(text) - max(0, longest - 1))
         stream.settled = max(stream.settled, end)
-        return replace(out, text=text[:stream.settled])
+        return replace(out, text=text[: stream.settled])
 
     def _fail_all(self, message: str) -> None:
         while True:
@@ -385,7 +400,7 @@ def _call(callback: OutputCallback, out: RequestOutput) -> bool:
     """Run a consumer's callback; a failing one is logged, never fatal to the engine."""
     try:
         callback(out)
-    except Exception:  # noqa: BLE001 - a broken consumer must not stop the engine
+    except Exception:  # a broken consumer must not stop the engine
         log.exception("output callback for %s failed", out.request_id)
         return False
     return True

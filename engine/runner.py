@@ -6,11 +6,11 @@ import torch
 
 from engine.config import CacheConfig
 from engine.decode_graphs import DecodeGraphs, graphs_enabled
-from engine.ep_group import EPGroup
-from engine.expert_weights import move, shard
+from engine.ep.group import EPGroup
+from engine.ep.placement import Placement
+from engine.ep.weights import move, shard
 from engine.model.context import DecodeGroup, ForwardContext, PrefillSeq, RankStats
 from engine.model.transformer import MoETransformer
-from engine.parallel import Placement
 from engine.scheduler import SchedulerOutput
 
 DECODE_GROUP = 16
@@ -52,7 +52,6 @@ class ForwardResult:
     moe_seconds: float
     rank_pairs: torch.Tensor | None = None  # [layers, src, dst] as the placement models it
     measured: MeasuredA2A | None = None  # with real expert-parallel ranks
-    graphed: bool = False  # replayed from a decode graph (moe_seconds is then not measured)
 
 
 @dataclass
@@ -81,7 +80,11 @@ class ModelRunner:
     """Runs the model on this rank; rank 0 (the engine's) also sends each step to the others."""
 
     def __init__(
-        self, model: MoETransformer, cache: CacheConfig, device: str, placement: Placement,
+        self,
+        model: MoETransformer,
+        cache: CacheConfig,
+        device: str,
+        placement: Placement,
         ep: EPGroup | None = None,
     ) -> None:
         self.model = model
@@ -97,8 +100,14 @@ class ModelRunner:
         self.graphs = DecodeGraphs(model, cache.block_size, cache.num_blocks) if graphs else None
         cfg = model.cfg
         dtype = model.embed_tokens.weight.dtype
-        host_shape = (cfg.num_layers, 2, cache.num_host_blocks, cache.block_size,
-                      cfg.num_kv_heads, cfg.head_dim)
+        host_shape = (
+            cfg.num_layers,
+            2,
+            cache.num_host_blocks,
+            cache.block_size,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+        )
         self.host_cache = torch.zeros(host_shape, dtype=dtype)
 
     def swap(self, out: SchedulerOutput) -> None:
@@ -150,7 +159,7 @@ class ModelRunner:
         bs = self.block_size
         ids: list[int] = []
         positions: list[int] = []
-        slots: list[int] = []
+        kv_index: list[int] = []
         prefills: list[PrefillSeq] = []
         decodes: list[tuple[int, int, list[int]]] = []
         sample_rows: list[int] = []
@@ -161,7 +170,7 @@ class ModelRunner:
             pos = range(start, start + n)
             positions.extend(pos)
             table = req.block_table
-            slots.extend(table[p // bs] * bs + p % bs for p in pos)
+            kv_index.extend(table[p // bs] * bs + p % bs for p in pos)
             ctx_len = start + n
             if n == 1 and start > 0:
                 decodes.append((ctx_len, row, table[: -(-ctx_len // bs)]))
@@ -172,7 +181,7 @@ class ModelRunner:
                 sample_rows.append(row + n - 1)
         dev = self.device
         ctx = ForwardContext(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            kv_index=torch.tensor(kv_index, dtype=torch.long, device=dev),
             prefills=prefills,
             decodes=self._decode_groups(decodes),
             token_rank=self.placement.token_ranks(len(ids)).to(dev),
@@ -193,11 +202,13 @@ class ModelRunner:
             part = decodes[i : i + DECODE_GROUP]
             width = len(part[-1][2])
             tables = [t + [0] * (width - len(t)) for _, _, t in part]
-            groups.append(DecodeGroup(
-                rows=torch.tensor([r for _, r, _ in part], device=self.device),
-                block_tables=torch.tensor(tables, device=self.device),
-                ctx_lens=torch.tensor([c for c, _, _ in part], device=self.device),
-            ))
+            groups.append(
+                DecodeGroup(
+                    rows=torch.tensor([r for _, r, _ in part], device=self.device),
+                    block_tables=torch.tensor(tables, device=self.device),
+                    ctx_lens=torch.tensor([c for c, _, _ in part], device=self.device),
+                )
+            )
         return groups
 
     def _run(self, inp: ModelInput) -> tuple[torch.Tensor, ForwardContext]:
@@ -214,15 +225,24 @@ class ModelRunner:
         stats, size = ctx.rank_stats, self.ep.size
         counts = torch.stack(ctx.expert_counts).cpu()
         layers = counts.shape[0]
-        head = (stats.dropped + stats.sent_bytes + stats.gathered_bytes + stats.computed
-                + [stats.compute_s])
+        head = (
+            stats.dropped
+            + stats.sent_bytes
+            + stats.gathered_bytes
+            + stats.computed
+            + [stats.compute_s]
+        )
         mine = torch.cat([torch.tensor(head, dtype=torch.float64), counts.flatten().double()])
         every = self.ep.gather_stats(mine)
         dropped, sent, gathered, computed, seconds, experts = every.split(
-            [layers, size, size, layers, 1, counts.numel()], dim=1)
-        measured = MeasuredA2A(bytes=sent.long().tolist(), gather_bytes=gathered.long().tolist(),
-                               computed=computed.long().T,
-                               compute_ms=[round(s * 1000, 3) for s in seconds.flatten().tolist()])
+            [layers, size, size, layers, 1, counts.numel()], dim=1
+        )
+        measured = MeasuredA2A(
+            bytes=sent.long().tolist(),
+            gather_bytes=gathered.long().tolist(),
+            computed=computed.long().T,
+            compute_ms=[round(s * 1000, 3) for s in seconds.flatten().tolist()],
+        )
         return experts.sum(0).long().view_as(counts), dropped.sum(0).long(), measured
 
     @torch.inference_mode()
@@ -233,16 +253,16 @@ class ModelRunner:
             logits, counts, dropped, pairs = self.graphs.run(
                 inp.input_ids, inp.positions, ctx, inp.sample_rows
             )
-            return ForwardResult(logits, counts.cpu(), dropped.cpu(), 0.0, pairs.cpu(),
-                                 graphed=True)
+            return ForwardResult(logits, counts.cpu(), dropped.cpu(), 0.0, pairs.cpu())
         if self.ep is not None:
             self.ep.send(Forward(inp))
         hidden, ctx = self._run(inp)
         logits = self.model.compute_logits(hidden[inp.sample_rows])
         if self.ep is not None:
             counts, dropped, measured = self._gather(ctx)
-            return ForwardResult(logits, counts, dropped, ctx.moe_total_seconds(),
-                                 measured=measured)
+            return ForwardResult(
+                logits, counts, dropped, ctx.moe_total_seconds(), measured=measured
+            )
         counts = torch.stack(ctx.expert_counts).cpu()  # waits for the device: timers are done
         dropped = torch.stack(ctx.expert_dropped).cpu()
         pairs = torch.stack(ctx.rank_pairs).cpu()

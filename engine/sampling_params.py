@@ -12,8 +12,9 @@ class SamplingParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_tokens: int = Field(16, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=100.0,
-                               description="0 = greedy, as is anything under GREEDY_BELOW")
+    temperature: float = Field(
+        1.0, ge=0.0, le=100.0, description="0 = greedy, as is anything under GREEDY_BELOW"
+    )
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0, description="0 = no top-k cut")
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX, description="per-request generator")

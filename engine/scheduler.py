@@ -33,7 +33,6 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
-    admitted: list[Request] = field(default_factory=list)
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -42,10 +41,6 @@ class SchedulerOutput:
     @property
     def num_decode_tokens(self) -> int:
         return sum(c.num_tokens for c in self.chunks if not c.is_prefill)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.chunks)
 
 
 class Scheduler:
@@ -128,9 +123,7 @@ class Scheduler:
         slot = -1 if req.slot is None else req.slot
         out.chunks.append(ScheduledChunk(req, req.num_computed_tokens, n, req.in_prefill, slot))
 
-    def _make_room(
-        self, req: Request, n: int, scheduled: set[int], out: SchedulerOutput
-    ) -> bool:
+    def _make_room(self, req: Request, n: int, scheduled: set[int], out: SchedulerOutput) -> bool:
         """Preempt lowest-priority unscheduled running requests until `req` can grow by n."""
         while self.blocks.blocks_needed(req, n) > self.blocks.num_allocatable:
             candidates = [r for r in self.running if r.seq not in scheduled]
@@ -164,9 +157,7 @@ class Scheduler:
         while self.swapped and len(self.running) < self.knobs.max_num_seqs:
             req = self.swapped[0]
             n = self._chunk_len(req, budget)
-            needed = max(
-                len(req.host_blocks), self.blocks.blocks_for(req.num_computed_tokens + n)
-            )
+            needed = max(len(req.host_blocks), self.blocks.blocks_for(req.num_computed_tokens + n))
             if n == 0 or needed > self.blocks.num_allocatable - self._watermark():
                 break
             self.swapped.popleft()
@@ -206,7 +197,6 @@ class Scheduler:
             self.waiting.remove(req)
             self.blocks.admit(req, matched)
             self._run(req)
-            out.admitted.append(req)
             if n:
                 self._add_chunk(req, n, out)
                 budget -= n

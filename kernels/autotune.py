@@ -42,8 +42,10 @@ def candidates(rows: int, experts: int, quick: bool) -> list[GemmConfig]:
     small = (32,) if block_m[0] == 16 else ()
     block_n, block_k = ((*small, 64, 128), (64,)) if quick else ((*small, 64, 128, 256), (64, 128))
     warps, stages = ((4, 8), (3, 4)) if quick else ((4, 8), (3, 4, 5))
-    return [GemmConfig(m, n, k, 8, w, s)
-            for m, n, k, w, s in itertools.product(block_m, block_n, block_k, warps, stages)]
+    return [
+        GemmConfig(m, n, k, 8, w, s)
+        for m, n, k, w, s in itertools.product(block_m, block_n, block_k, warps, stages)
+    ]
 
 
 def measure(fn: Callable[[], None]) -> float:
@@ -62,7 +64,7 @@ def fastest(configs: Sequence[GemmConfig], run: Callable[[GemmConfig], None]) ->
     for cfg in configs:
         try:
             ms = measure(lambda cfg=cfg: run(cfg))
-        except Exception as err:  # out of shared memory or registers on this device
+        except Exception as err:  # noqa: BLE001 - out of shared memory or registers on this device
             print(f"  skip {cfg}: {type(err).__name__}")
             continue
         if ms < best_ms:
@@ -73,13 +75,23 @@ def fastest(configs: Sequence[GemmConfig], run: Callable[[GemmConfig], None]) ->
     return best
 
 
-def tune(experts: int, hidden: int, inter: int, top_k: int, tokens: int, dtype: torch.dtype,
-         device: torch.device, quick: bool, max_candidates: int | None) -> MoEConfig:
+def tune(
+    experts: int,
+    hidden: int,
+    inter: int,
+    top_k: int,
+    tokens: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    quick: bool,
+    max_candidates: int | None,
+) -> MoEConfig:
     """The fastest gate/up config, then the fastest down config, for one token count."""
     gen = torch.Generator().manual_seed(tokens)
     x = torch.randn(tokens, hidden, generator=gen).to(device, dtype)
     w_gate_up = (torch.randn(experts, hidden, 2 * inter, generator=gen) * hidden**-0.5).to(
-        device, dtype)
+        device, dtype
+    )
     w_down = (torch.randn(experts, inter, hidden, generator=gen) * inter**-0.5).to(device, dtype)
     ids = torch.rand(tokens, experts, generator=gen).topk(top_k, -1).indices.flatten()
     order = torch.sort(ids, stable=True).indices.to(device)
@@ -90,11 +102,14 @@ def tune(experts: int, hidden: int, inter: int, top_k: int, tokens: int, dtype: 
     out = torch.empty(rows, hidden, dtype=dtype, device=device)  # pair ids are < rows
     configs = candidates(rows, experts, quick)[:max_candidates]
     print(f"tokens {tokens}: gate/up over {len(configs)} configs")
-    gate_up = fastest(configs, lambda c: gemm_launch(
-        c, x, w_gate_up, act, offsets, order, None, inter, top_k)())
+    gate_up = fastest(
+        configs, lambda c: gemm_launch(c, x, w_gate_up, act, offsets, order, None, inter, top_k)()
+    )
     print(f"tokens {tokens}: down over {len(configs)} configs")
-    down = fastest(configs, lambda c: gemm_launch(
-        c, act, w_down, out, offsets, order, weights, hidden, top_k)())
+    down = fastest(
+        configs,
+        lambda c: gemm_launch(c, act, w_down, out, offsets, order, weights, hidden, top_k)(),
+    )
     return MoEConfig(gate_up, down)
 
 
@@ -114,8 +129,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, object]]:
     path = args.table or table_path()
     entries: dict[str, dict[str, object]] = {}
     for tokens in args.tokens:
-        cfg = tune(args.experts, args.hidden, args.inter, args.top_k, tokens, DTYPES[args.dtype],
-                   device, args.quick, args.max_candidates)
+        cfg = tune(
+            args.experts,
+            args.hidden,
+            args.inter,
+            args.top_k,
+            tokens,
+            DTYPES[args.dtype],
+            device,
+            args.quick,
+            args.max_candidates,
+        )
         entries[str(token_bucket(tokens * args.top_k))] = cfg.to_json()
     table = load_table(path)
     shapes = table.setdefault("devices", {}).setdefault(device_name(device), {})

@@ -26,8 +26,13 @@ from kernels.triton_common import Launch
 from kernels.triton_env import interpreting
 from kernels.triton_moe import gemm_launch
 
-POINTER_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32",
-                 torch.int32: "*i32", torch.int64: "*i64"}
+POINTER_TYPES = {
+    torch.bfloat16: "*bf16",
+    torch.float16: "*fp16",
+    torch.float32: "*fp32",
+    torch.int32: "*i32",
+    torch.int64: "*i64",
+}
 OPTIONS = ("num_warps", "num_stages")
 
 
@@ -84,12 +89,34 @@ def moe_launches(
     out = _meta(rows, hidden, dtype=dtype)
     name = f"moe e{experts} h{hidden} i{inter} k{top_k} t{tokens} {dtype}"
     return [
-        (f"{name} gate_up", gemm_launch(cfg.gate_up, x, _meta(experts, hidden, 2 * inter,
-                                                              dtype=dtype),
-                                        act, offsets, pairs, None, inter, top_k)),
-        (f"{name} down", gemm_launch(cfg.down, act, _meta(experts, inter, hidden, dtype=dtype),
-                                     out, offsets, pairs, _meta(rows, dtype=torch.float32),
-                                     hidden, top_k)),
+        (
+            f"{name} gate_up",
+            gemm_launch(
+                cfg.gate_up,
+                x,
+                _meta(experts, hidden, 2 * inter, dtype=dtype),
+                act,
+                offsets,
+                pairs,
+                None,
+                inter,
+                top_k,
+            ),
+        ),
+        (
+            f"{name} down",
+            gemm_launch(
+                cfg.down,
+                act,
+                _meta(experts, inter, hidden, dtype=dtype),
+                out,
+                offsets,
+                pairs,
+                _meta(rows, dtype=torch.float32),
+                hidden,
+                top_k,
+            ),
+        ),
     ]
 
 
@@ -103,10 +130,14 @@ def attention_launches(dtype: torch.dtype) -> list[tuple[str, Launch]]:
     split_out = _meta(batch, heads, 4, head_dim, dtype=torch.float32)
     lse = _meta(batch, heads, 4, dtype=torch.float32)
     return [
-        (f"decode attention {dtype} 1 split",
-         decode_launch(q, cache, cache, tables, lens, 0.088, q, q, 1)),
-        (f"decode attention {dtype} 4 splits",
-         decode_launch(q, cache, cache, tables, lens, 0.088, split_out, lse, 4)),
+        (
+            f"decode attention {dtype} 1 split",
+            decode_launch(q, cache, cache, tables, lens, 0.088, q, q, 1),
+        ),
+        (
+            f"decode attention {dtype} 4 splits",
+            decode_launch(q, cache, cache, tables, lens, 0.088, split_out, lse, 4),
+        ),
     ]
 
 
@@ -133,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, launch in all_launches():
         try:
             info = compile_launch(launch, args.arch)
-        except Exception as err:  # report every kernel, then fail
+        except Exception as err:  # noqa: BLE001 - report every kernel, then fail
             failed += 1
             print(f"FAIL {name}: {type(err).__name__}: {str(err).splitlines()[0]}")
             continue

@@ -13,11 +13,11 @@ def write_kv(
     v_cache: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    slot_mapping: torch.Tensor,
+    kv_index: torch.Tensor,
 ) -> None:
-    """Store new keys/values [T, Hkv, D] at flat cache slots (block * block_size + offset)."""
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k)
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v)
+    """Store new keys/values [T, Hkv, D] at flat cache indices (block * block_size + offset)."""
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, kv_index, k)
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, kv_index, v)
 
 
 def _gather(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
@@ -41,8 +41,12 @@ def prefill_attention(
     qi = torch.arange(ctx_len - n, ctx_len, device=q.device).unsqueeze(1)
     mask = torch.arange(ctx_len, device=q.device).unsqueeze(0) <= qi
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-        attn_mask=mask, scale=scale, enable_gqa=True,
+        q.transpose(0, 1),
+        k.transpose(0, 1),
+        v.transpose(0, 1),
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=True,
     )
     return out.transpose(0, 1)
 
@@ -60,7 +64,11 @@ def decode_attention_torch(
     v = _gather(v_cache, block_tables)
     mask = torch.arange(k.shape[1], device=q.device).unsqueeze(0) < context_lens.unsqueeze(1)
     out = F.scaled_dot_product_attention(
-        q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2),
-        attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True,
+        q.unsqueeze(2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        attn_mask=mask[:, None, None, :],
+        scale=scale,
+        enable_gqa=True,
     )
     return out.squeeze(2)

@@ -20,12 +20,35 @@ TILE_N = 64
 
 @triton.jit
 def _paged_decode(
-    q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, lse_ptr,
-    scale, block_size, group, pages_per_split, head_dim,
-    stride_qb, stride_qh, stride_kb, stride_ks, stride_kh, stride_tb,
-    stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-    D_POW2: tl.constexpr, G_PAD: tl.constexpr, TILE: tl.constexpr,
-    SPLIT: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    table_ptr,
+    lens_ptr,
+    out_ptr,
+    lse_ptr,
+    scale,
+    block_size,
+    group,
+    pages_per_split,
+    head_dim,
+    stride_qb,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_tb,
+    stride_ob,
+    stride_oh,
+    stride_os,
+    stride_lb,
+    stride_lh,
+    D_POW2: tl.constexpr,
+    G_PAD: tl.constexpr,
+    TILE: tl.constexpr,
+    SPLIT: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
     ROUND_BY_HAND: tl.constexpr,
 ):
     """Attention of G query heads over positions [start, end) of one sequence's context."""
@@ -41,8 +64,11 @@ def _paged_decode(
     d = tl.arange(0, D_POW2)
     g_ok = g < group
     d_ok = d < head_dim
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
-                mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(DOT_DTYPE)
+    q = tl.load(
+        q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+        mask=g_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    ).to(DOT_DTYPE)
 
     m_i = tl.full((G_PAD,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((G_PAD,), dtype=tl.float32)
@@ -87,8 +113,15 @@ def default_splits(batch: int, kv_heads: int, max_tokens: int, device: torch.dev
 
 
 def decode_launch(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    context_lens: torch.Tensor, scale: float, out: torch.Tensor, lse: torch.Tensor, splits: int,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    splits: int,
 ) -> Launch:
     """The kernel over (sequences, KV heads, splits); out is [B, H, D] or [B, H, splits, D]."""
     batch, heads, head_dim = q.shape
@@ -99,14 +132,40 @@ def decode_launch(
     out_strides = (out.stride(0), out.stride(1), out.stride(2) if splits > 1 else 0)
     dot_dtype, precision = dot_types(q.dtype)
     return Launch(
-        _paged_decode, (batch, kv_heads, splits),
-        (q, k_cache, v_cache, block_tables, context_lens, out, lse,
-         scale, block_size, group, triton.cdiv(block_tables.shape[1], splits), head_dim,
-         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-         block_tables.stride(0), *out_strides, lse.stride(0), lse.stride(1)),
-        dict(D_POW2=max(16, triton.next_power_of_2(head_dim)),
-             G_PAD=max(16, triton.next_power_of_2(group)), TILE=TILE_N, SPLIT=splits > 1,
-             DOT_DTYPE=dot_dtype, PRECISION=precision, ROUND_BY_HAND=rounds_by_hand(q.dtype)),
+        _paged_decode,
+        (batch, kv_heads, splits),
+        (
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            context_lens,
+            out,
+            lse,
+            scale,
+            block_size,
+            group,
+            triton.cdiv(block_tables.shape[1], splits),
+            head_dim,
+            q.stride(0),
+            q.stride(1),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            block_tables.stride(0),
+            *out_strides,
+            lse.stride(0),
+            lse.stride(1),
+        ),
+        dict(
+            D_POW2=max(16, triton.next_power_of_2(head_dim)),
+            G_PAD=max(16, triton.next_power_of_2(group)),
+            TILE=TILE_N,
+            SPLIT=splits > 1,
+            DOT_DTYPE=dot_dtype,
+            PRECISION=precision,
+            ROUND_BY_HAND=rounds_by_hand(q.dtype),
+        ),
     )
 
 
@@ -123,8 +182,9 @@ def paged_decode_attention(
     check_device(q.device)
     batch, heads, head_dim = q.shape
     width = block_tables.shape[1]
-    splits = num_splits or default_splits(batch, k_cache.shape[2], width * k_cache.shape[1],
-                                          q.device)
+    splits = num_splits or default_splits(
+        batch, k_cache.shape[2], width * k_cache.shape[1], q.device
+    )
     q = q.contiguous()
     if splits == 1:
         out = torch.empty_like(q)

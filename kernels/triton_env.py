@@ -33,4 +33,3 @@ def check_device(device: torch.device) -> None:
             "in compiled mode (torch._dynamo imports it, and so do transformers' models): "
             "import kernels first, or set TRITON_INTERPRET=1 before triton is first imported"
         )
-

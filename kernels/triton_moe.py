@@ -17,12 +17,33 @@ from kernels.triton_env import check_device
 
 @triton.jit
 def _moe_gemm(
-    a_ptr, b_ptr, c_ptr, offsets_ptr, pairs_ptr, scale_ptr,
-    num_experts, max_tiles, N, K,
-    stride_am, stride_ak, stride_be, stride_bk, stride_bn, stride_cm, stride_cn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, E_POW2: tl.constexpr, GATED: tl.constexpr, TOP_K: tl.constexpr,
-    EVEN_K: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    offsets_ptr,
+    pairs_ptr,
+    scale_ptr,
+    num_experts,
+    max_tiles,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_be,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    E_POW2: tl.constexpr,
+    GATED: tl.constexpr,
+    TOP_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
     ROUND_BY_HAND: tl.constexpr,
 ):
     """C[rows] = A[rows] @ B[expert] over rows sorted by expert, `pairs` giving each row's
@@ -55,8 +76,12 @@ def _moe_gemm(
     col_ok = cols < N
     ks = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + a_rows[:, None] * stride_am + ks[None, :] * stride_ak
-    b_ptrs = (b_ptr + expert.to(tl.int64) * stride_be
-              + ks[:, None] * stride_bk + cols[None, :] * stride_bn)
+    b_ptrs = (
+        b_ptr
+        + expert.to(tl.int64) * stride_be
+        + ks[:, None] * stride_bk
+        + cols[None, :] * stride_bn
+    )
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -85,8 +110,15 @@ def _moe_gemm(
 
 
 def gemm_launch(
-    cfg: GemmConfig, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, offsets: torch.Tensor,
-    pairs: torch.Tensor, scale: torch.Tensor | None, n: int, top_k: int,
+    cfg: GemmConfig,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    offsets: torch.Tensor,
+    pairs: torch.Tensor,
+    scale: torch.Tensor | None,
+    n: int,
+    top_k: int,
 ) -> Launch:
     """One grouped GEMM over `pairs.numel()` sorted rows: gated if no scale (see _moe_gemm)."""
     rows, k = pairs.numel(), a.shape[1]
@@ -94,16 +126,42 @@ def gemm_launch(
     max_tiles = min(rows, triton.cdiv(rows, cfg.block_m) + experts)
     dot_dtype, precision = dot_types(a.dtype)
     return Launch(
-        _moe_gemm, (max_tiles * triton.cdiv(n, cfg.block_n),),
-        (a, b, c, offsets, pairs, scale if scale is not None else c,
-         experts, max_tiles, n, k,
-         a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2),
-         c.stride(0), c.stride(1)),
-        dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-             E_POW2=triton.next_power_of_2(experts), GATED=scale is None, TOP_K=top_k,
-             EVEN_K=k % cfg.block_k == 0,
-             DOT_DTYPE=dot_dtype, PRECISION=precision, ROUND_BY_HAND=rounds_by_hand(c.dtype),
-             num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+        _moe_gemm,
+        (max_tiles * triton.cdiv(n, cfg.block_n),),
+        (
+            a,
+            b,
+            c,
+            offsets,
+            pairs,
+            scale if scale is not None else c,
+            experts,
+            max_tiles,
+            n,
+            k,
+            a.stride(0),
+            a.stride(1),
+            b.stride(0),
+            b.stride(1),
+            b.stride(2),
+            c.stride(0),
+            c.stride(1),
+        ),
+        dict(
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            GROUP_M=cfg.group_m,
+            E_POW2=triton.next_power_of_2(experts),
+            GATED=scale is None,
+            TOP_K=top_k,
+            EVEN_K=k % cfg.block_k == 0,
+            DOT_DTYPE=dot_dtype,
+            PRECISION=precision,
+            ROUND_BY_HAND=rounds_by_hand(c.dtype),
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        ),
     )
 
 

@@ -41,7 +41,8 @@ def write_jsonl(store: Store, session_id: str, out: IO[str]) -> int:
 def _step_columns() -> list[tuple[str, pa.DataType, Callable[[dict[str, Any]], Any]]]:
     i64, f64 = pa.int64(), pa.float64()
     cols: list[tuple[str, pa.DataType, Callable[[dict[str, Any]], Any]]] = [
-        ("step", i64, lambda r: r["step"]), ("t", f64, lambda r: r["t"]),
+        ("step", i64, lambda r: r["step"]),
+        ("t", f64, lambda r: r["t"]),
         ("knobs_version", i64, lambda r: r["knobs_version"]),
     ]
     for part in ("schedule", "prepare", "forward", "moe", "sample", "total"):
@@ -51,8 +52,18 @@ def _step_columns() -> list[tuple[str, pa.DataType, Callable[[dict[str, Any]], A
     cols.append(("num_slots", i64, lambda r: len(r["batch"]["slots"])))
     for key in ("waiting", "running", "swapped", "arrived", "finished", "preempted"):
         cols.append((f"queue_{key}", i64, lambda r, k=key: r["queue"][k]))
-    for key in ("block_size", "total", "usable", "used", "cached", "free", "tokens",
-                "watermark_blocks", "host_total", "host_used"):
+    for key in (
+        "block_size",
+        "total",
+        "usable",
+        "used",
+        "cached",
+        "free",
+        "tokens",
+        "watermark_blocks",
+        "host_total",
+        "host_used",
+    ):
         cols.append((f"kv_{key}", i64, lambda r, k=key: r["kv"].get(k)))
     cols += [
         ("kv_prefix_hit_rate", f64, lambda r: r["kv"].get("prefix_hit_rate")),
@@ -75,8 +86,9 @@ def _step_columns() -> list[tuple[str, pa.DataType, Callable[[dict[str, Any]], A
     return cols
 
 
-def write_parquet(store: Store, session_id: str, dest: Any, table: str = "steps",
-                  page: int = 2048) -> int:
+def write_parquet(
+    store: Store, session_id: str, dest: Any, table: str = "steps", page: int = 2048
+) -> int:
     """Write one table of the session to a Parquet file or binary stream; returns its rows.
 
     `steps` flattens each StepTelemetry into scalar and list columns (slots and knob changes
@@ -101,15 +113,17 @@ def write_parquet(store: Store, session_id: str, dest: Any, table: str = "steps"
                 writer.write_table(_steps_table(batch, cols, schema))
                 rows += len(batch)
         return rows
-    records = requests(store, session_id) if table == "requests" else [
-        {**c, "changes": json.dumps(c["changes"])} for c in knob_changes(store, session_id)]
+    records = (
+        requests(store, session_id)
+        if table == "requests"
+        else [{**c, "changes": json.dumps(c["changes"])} for c in knob_changes(store, session_id)]
+    )
     arrow = pa.Table.from_pylist(records, schema=_flat_schema(table)).replace_schema_metadata(meta)
     pq.write_table(arrow, dest)
     return arrow.num_rows
 
 
-def _steps_table(batch: list[dict[str, Any]], cols: list[Any], schema: pa.Schema
-                 ) -> pa.Table:
+def _steps_table(batch: list[dict[str, Any]], cols: list[Any], schema: pa.Schema) -> pa.Table:
     arrays = [pa.array([get(r) for r in batch], type=typ) for _, typ, get in cols]
     return pa.Table.from_arrays(arrays, schema=schema)
 
@@ -117,9 +131,18 @@ def _steps_table(batch: list[dict[str, Any]], cols: list[Any], schema: pa.Schema
 def _flat_schema(table: str) -> pa.Schema:
     i64, f64, s = pa.int64(), pa.float64(), pa.string()
     if table == "requests":
-        return pa.schema([("req", s), ("arrival", f64), ("finished_t", f64),
-                          ("prompt_len", i64), ("output_len", i64), ("max_tokens", i64),
-                          ("ttft_ms", f64), ("e2e_ms", f64), ("finish_reason", s),
-                          ("preemptions", i64)])
-    return pa.schema([("step", i64), ("version", i64), ("t", f64), ("origin", s),
-                      ("changes", s)])
+        return pa.schema(
+            [
+                ("req", s),
+                ("arrival", f64),
+                ("finished_t", f64),
+                ("prompt_len", i64),
+                ("output_len", i64),
+                ("max_tokens", i64),
+                ("ttft_ms", f64),
+                ("e2e_ms", f64),
+                ("finish_reason", s),
+                ("preemptions", i64),
+            ]
+        )
+    return pa.schema([("step", i64), ("version", i64), ("t", f64), ("origin", s), ("changes", s)])

@@ -13,28 +13,57 @@ MAX_STEPS_PER_QUERY = 10_000
 
 
 def _session_query() -> Any:
-    steps = (select(StepRow.session_id, func.count().label("steps"),
-                    func.min(StepRow.step).label("first_step"),
-                    func.max(StepRow.step).label("last_step"),
-                    func.min(StepRow.t).label("first_t"), func.max(StepRow.t).label("last_t"))
-             .group_by(StepRow.session_id).subquery())
-    requests = (select(RequestRow.session_id, func.count().label("requests"))
-                .group_by(RequestRow.session_id).subquery())
-    return (select(SessionRow, steps.c.steps, steps.c.first_step, steps.c.last_step,
-                   steps.c.first_t, steps.c.last_t, requests.c.requests)
-            .outerjoin(steps, steps.c.session_id == SessionRow.id)
-            .outerjoin(requests, requests.c.session_id == SessionRow.id))
+    steps = (
+        select(
+            StepRow.session_id,
+            func.count().label("steps"),
+            func.min(StepRow.step).label("first_step"),
+            func.max(StepRow.step).label("last_step"),
+            func.min(StepRow.t).label("first_t"),
+            func.max(StepRow.t).label("last_t"),
+        )
+        .group_by(StepRow.session_id)
+        .subquery()
+    )
+    requests = (
+        select(RequestRow.session_id, func.count().label("requests"))
+        .group_by(RequestRow.session_id)
+        .subquery()
+    )
+    return (
+        select(
+            SessionRow,
+            steps.c.steps,
+            steps.c.first_step,
+            steps.c.last_step,
+            steps.c.first_t,
+            steps.c.last_t,
+            requests.c.requests,
+        )
+        .outerjoin(steps, steps.c.session_id == SessionRow.id)
+        .outerjoin(requests, requests.c.session_id == SessionRow.id)
+    )
 
 
 def _session_dict(row: Row[Any]) -> dict[str, Any]:
     s: SessionRow = row[0]
     end = s.ended_t if s.ended_t is not None else row.last_t
     return {
-        "id": s.id, "label": s.label, "kind": s.kind, "parent": s.parent_id, "model": s.model,
-        "engine_session": s.engine_session, "started_t": s.started_t, "ended_t": s.ended_t,
+        "id": s.id,
+        "label": s.label,
+        "kind": s.kind,
+        "parent": s.parent_id,
+        "model": s.model,
+        "engine_session": s.engine_session,
+        "started_t": s.started_t,
+        "ended_t": s.ended_t,
         "duration_s": round(max(0.0, end - s.started_t), 3) if end is not None else 0.0,
-        "steps": row.steps or 0, "first_step": row.first_step, "last_step": row.last_step,
-        "requests": row.requests or 0, "dropped": s.dropped, "knobs": s.knobs,
+        "steps": row.steps or 0,
+        "first_step": row.first_step,
+        "last_step": row.last_step,
+        "requests": row.requests or 0,
+        "dropped": s.dropped,
+        "knobs": s.knobs,
         "knobs_version": s.knobs_version,
     }
 
@@ -54,16 +83,27 @@ def get_session(store: Store, session_id: str) -> dict[str, Any]:
             raise SessionNotFound(session_id)
         out = _session_dict(row)
         out["config"] = row[0].config
-        out["reruns"] = list(conn.execute(
-            select(SessionRow.id).where(SessionRow.parent_id == session_id)
-            .order_by(SessionRow.started_t)).scalars())
+        out["reruns"] = list(
+            conn.execute(
+                select(SessionRow.id)
+                .where(SessionRow.parent_id == session_id)
+                .order_by(SessionRow.started_t)
+            ).scalars()
+        )
         out["knob_changes"] = conn.execute(
-            select(func.count()).where(KnobChangeRow.session_id == session_id)).scalar()
+            select(func.count()).where(KnobChangeRow.session_id == session_id)
+        ).scalar()
         mean_ms = conn.execute(
-            select(func.avg(StepRow.dur_ms)).where(StepRow.session_id == session_id)).scalar()
-        reqs = conn.execute(select(RequestRow.finish_reason, RequestRow.prompt_len,
-                                   RequestRow.output_len, RequestRow.ttft_ms)
-                            .where(RequestRow.session_id == session_id)).all()
+            select(func.avg(StepRow.dur_ms)).where(StepRow.session_id == session_id)
+        ).scalar()
+        reqs = conn.execute(
+            select(
+                RequestRow.finish_reason,
+                RequestRow.prompt_len,
+                RequestRow.output_len,
+                RequestRow.ttft_ms,
+            ).where(RequestRow.session_id == session_id)
+        ).all()
     out["mean_step_ms"] = round(mean_ms, 3) if mean_ms is not None else None
     out["request_stats"] = _request_stats(reqs)
     return out
@@ -91,8 +131,12 @@ def require_session(store: Store, session_id: str) -> None:
 
 
 def steps(
-    store: Store, session_id: str, start: int | None = None, end: int | None = None,
-    limit: int = MAX_STEPS_PER_QUERY, every: int = 1,
+    store: Store,
+    session_id: str,
+    start: int | None = None,
+    end: int | None = None,
+    limit: int = MAX_STEPS_PER_QUERY,
+    every: int = 1,
 ) -> list[dict[str, Any]]:
     """Telemetry records with start <= step <= end (either open), in step order."""
     query = select(StepRow.data).where(StepRow.session_id == session_id)
@@ -108,21 +152,45 @@ def steps(
 
 def knob_changes(store: Store, session_id: str) -> list[dict[str, Any]]:
     """Applied knob changes in order: step, version, t, origin, {knob: [old, new]}."""
-    query = (select(KnobChangeRow).where(KnobChangeRow.session_id == session_id)
-             .order_by(KnobChangeRow.step, KnobChangeRow.version))
+    query = (
+        select(KnobChangeRow)
+        .where(KnobChangeRow.session_id == session_id)
+        .order_by(KnobChangeRow.step, KnobChangeRow.version)
+    )
     with Session(store.engine) as conn:
-        return [{"step": k.step, "version": k.version, "t": k.t, "origin": k.origin,
-                 "changes": k.changes} for (k,) in conn.execute(query)]
+        return [
+            {
+                "step": k.step,
+                "version": k.version,
+                "t": k.t,
+                "origin": k.origin,
+                "changes": k.changes,
+            }
+            for (k,) in conn.execute(query)
+        ]
 
 
-REQUEST_FIELDS = ("req", "arrival", "finished_t", "prompt_len", "output_len", "max_tokens",
-                  "ttft_ms", "e2e_ms", "finish_reason", "preemptions")
+REQUEST_FIELDS = (
+    "req",
+    "arrival",
+    "finished_t",
+    "prompt_len",
+    "output_len",
+    "max_tokens",
+    "ttft_ms",
+    "e2e_ms",
+    "finish_reason",
+    "preemptions",
+)
 
 
 def requests(store: Store, session_id: str) -> list[dict[str, Any]]:
     """Request records in arrival order."""
-    query = (select(RequestRow).where(RequestRow.session_id == session_id)
-             .order_by(RequestRow.arrival, RequestRow.id))
+    query = (
+        select(RequestRow)
+        .where(RequestRow.session_id == session_id)
+        .order_by(RequestRow.arrival, RequestRow.id)
+    )
     with Session(store.engine) as conn:
         return [{f: getattr(r, f) for f in REQUEST_FIELDS} for (r,) in conn.execute(query)]
 
@@ -135,8 +203,9 @@ def delete_session(store: Store, session_id: str, only_ended: bool = False) -> N
     """
     if only_ended:
         with Session(store.engine) as conn:
-            row = conn.execute(select(SessionRow.ended_t).where(SessionRow.id == session_id)
-                               ).first()
+            row = conn.execute(
+                select(SessionRow.ended_t).where(SessionRow.id == session_id)
+            ).first()
         if row is None:
             raise SessionNotFound(session_id)
         if row.ended_t is None:
@@ -144,15 +213,17 @@ def delete_session(store: Store, session_id: str, only_ended: bool = False) -> N
     with store.engine.begin() as conn:
         for table in (StepRow, KnobChangeRow, RequestRow):
             conn.execute(delete(table).where(table.session_id == session_id))
-        conn.execute(update(SessionRow).where(SessionRow.parent_id == session_id)
-                     .values(parent_id=None))
+        conn.execute(
+            update(SessionRow).where(SessionRow.parent_id == session_id).values(parent_id=None)
+        )
         if conn.execute(delete(SessionRow).where(SessionRow.id == session_id)).rowcount == 0:
             raise SessionNotFound(session_id)
 
 
 def set_label(store: Store, session_id: str, label: str | None) -> None:
     with store.engine.begin() as conn:
-        result = conn.execute(update(SessionRow).where(SessionRow.id == session_id)
-                              .values(label=label))
+        result = conn.execute(
+            update(SessionRow).where(SessionRow.id == session_id).values(label=label)
+        )
         if result.rowcount == 0:
             raise SessionNotFound(session_id)

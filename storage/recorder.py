@@ -38,8 +38,14 @@ class Recorder:
     """Records one server's telemetry, knob changes and requests into a Store."""
 
     def __init__(
-        self, store: Store, steps: TelemetryBus, requests: TelemetryBus, *,
-        max_pending: int = 2048, batch_size: int = 256, flush_interval_s: float = 0.2,
+        self,
+        store: Store,
+        steps: TelemetryBus,
+        requests: TelemetryBus,
+        *,
+        max_pending: int = 2048,
+        batch_size: int = 256,
+        flush_interval_s: float = 0.2,
         retry_interval_s: float = 0.5,
     ) -> None:
         if max_pending < 1 or batch_size < 1:
@@ -108,8 +114,17 @@ class Recorder:
         return self._owners[-1] if self._owners else None
 
     def _open(self, session_id: str, kind: str, now: float, meta: dict[str, Any]) -> None:
-        row = {"id": session_id, "kind": kind, "started_t": now, "ended_t": None, "dropped": 0,
-               "label": None, "parent_id": None, "knobs_version": 1, **meta}
+        row = {
+            "id": session_id,
+            "kind": kind,
+            "started_t": now,
+            "ended_t": None,
+            "dropped": 0,
+            "label": None,
+            "parent_id": None,
+            "knobs_version": 1,
+            **meta,
+        }
         with self._lock:
             self._meta[session_id] = row
             self._segment(now, session_id)
@@ -131,12 +146,20 @@ class Recorder:
     def stats(self) -> dict[str, Any]:
         """Counters for /api/status: written, dropped, pending, database health, thread CPU."""
         return {
-            "recording": self._thread.is_alive(), "db": self.store.display_url,
-            "session": self.current_session, "main_session": self.main_session,
-            "ok": self.ok, "last_error": self.last_error, "written_steps": self.written_steps,
-            "written_requests": self.written_requests, "dropped_steps": self.dropped_steps,
-            "dropped_requests": self.dropped_requests, "pending_steps": self.pending,
-            "batches": self.batches, "failures": self.failures, "cpu_s": round(self.cpu_s, 4),
+            "recording": self._thread.is_alive(),
+            "db": self.store.display_url,
+            "session": self.current_session,
+            "main_session": self.main_session,
+            "ok": self.ok,
+            "last_error": self.last_error,
+            "written_steps": self.written_steps,
+            "written_requests": self.written_requests,
+            "dropped_steps": self.dropped_steps,
+            "dropped_requests": self.dropped_requests,
+            "pending_steps": self.pending,
+            "batches": self.batches,
+            "failures": self.failures,
+            "cpu_s": round(self.cpu_s, 4),
         }
 
     def brief(self) -> dict[str, Any]:
@@ -150,8 +173,11 @@ class Recorder:
             self._retry_at = 0.0
             self._wake.set()
             time.sleep(0.01)
-            if not self._busy and not self._has_work() and not any(
-                    s.buffer for s in self._subs or ()):
+            if (
+                not self._busy
+                and not self._has_work()
+                and not any(s.buffer for s in self._subs or ())
+            ):
                 return True
         return False
 
@@ -248,8 +274,11 @@ class Recorder:
                     conn.execute(insert(RequestRow), [_request_row(r) for r in requests])
         except IntegrityError as exc:
             if self.ok:
-                log.error("recorder: %s refuses a batch (%s); dropping refused batches",
-                          self.store.display_url, _first_line(exc))
+                log.error(
+                    "recorder: %s refuses a batch (%s); dropping refused batches",
+                    self.store.display_url,
+                    _first_line(exc),
+                )
             self.ok, self.last_error = False, _first_line(exc)
             self._pop(len(steps), len(requests), len(knobs))
             self.dropped_steps += len(steps)
@@ -264,8 +293,12 @@ class Recorder:
                     self._dropped_by_session[sid] = self._dropped_by_session.get(sid, 0) + n
             self.failures += 1
             if self.ok:
-                log.warning("recorder: writing to %s failed (%s); buffering up to %d steps",
-                            self.store.display_url, _first_line(exc), self.max_pending)
+                log.warning(
+                    "recorder: writing to %s failed (%s); buffering up to %d steps",
+                    self.store.display_url,
+                    _first_line(exc),
+                    self.max_pending,
+                )
             self.ok, self.last_error = False, _first_line(exc)
             return False
         self._pop(len(steps), len(requests), len(knobs))
@@ -299,23 +332,36 @@ class Recorder:
         for sid, fields in meta.items():
             exists = conn.execute(select(SessionRow.id).where(SessionRow.id == sid)).first()
             if exists:
-                conn.execute(update(SessionRow).where(SessionRow.id == sid).values(**{
-                    k: v for k, v in fields.items() if k != "id"}))
+                conn.execute(
+                    update(SessionRow)
+                    .where(SessionRow.id == sid)
+                    .values(**{k: v for k, v in fields.items() if k != "id"})
+                )
             elif "id" in fields:
                 conn.execute(insert(SessionRow).values(**fields))
         for sid, n in dropped.items():
             if sid:
-                conn.execute(update(SessionRow).where(SessionRow.id == sid)
-                             .values(dropped=SessionRow.dropped + n))
+                conn.execute(
+                    update(SessionRow)
+                    .where(SessionRow.id == sid)
+                    .values(dropped=SessionRow.dropped + n)
+                )
 
 
 def _step_row(r: dict[str, Any]) -> dict[str, Any]:
     batch = r["batch"]
-    return {"session_id": r["session"], "step": r["step"], "t": r["t"],
-            "knobs_version": r["knobs_version"], "dur_ms": r["dur_ms"]["total"],
-            "running": r["queue"]["running"], "waiting": r["queue"]["waiting"],
-            "num_tokens": batch["num_prefill_tokens"] + batch["num_decode_tokens"],
-            "kv_used": r["kv"]["used"], "data": r}
+    return {
+        "session_id": r["session"],
+        "step": r["step"],
+        "t": r["t"],
+        "knobs_version": r["knobs_version"],
+        "dur_ms": r["dur_ms"]["total"],
+        "running": r["queue"]["running"],
+        "waiting": r["queue"]["waiting"],
+        "num_tokens": batch["num_prefill_tokens"] + batch["num_decode_tokens"],
+        "kv_used": r["kv"]["used"],
+        "data": r,
+    }
 
 
 def _knob_row(r: dict[str, Any]) -> dict[str, Any]:
@@ -323,6 +369,19 @@ def _knob_row(r: dict[str, Any]) -> dict[str, Any]:
 
 
 def _request_row(r: dict[str, Any]) -> dict[str, Any]:
-    return {k: r[k] for k in ("session_id", "req", "arrival", "finished_t", "prompt_len",
-                              "output_len", "max_tokens", "ttft_ms", "e2e_ms", "finish_reason",
-                              "preemptions")}
+    return {
+        k: r[k]
+        for k in (
+            "session_id",
+            "req",
+            "arrival",
+            "finished_t",
+            "prompt_len",
+            "output_len",
+            "max_tokens",
+            "ttft_ms",
+            "e2e_ms",
+            "finish_reason",
+            "preemptions",
+        )
+    }

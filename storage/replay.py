@@ -34,8 +34,9 @@ class StepCursor:
 
     def fill(self) -> None:
         """Read the next page (blocking: run it off an event loop)."""
-        rows = steps(self.store, self.session_id, start=self._pos, limit=self.page,
-                     every=self.every)
+        rows = steps(
+            self.store, self.session_id, start=self._pos, limit=self.page, every=self.every
+        )
         self._buf.extend(rows)
         self._done = len(rows) < self.page
         if rows:
@@ -84,8 +85,12 @@ class Pacer:
 
 
 def replay(
-    store: Store, session_id: str, speed: float = 1.0, start: int = 0,
-    clock: Callable[[], float] | None = None, sleep: Callable[[float], None] | None = None,
+    store: Store,
+    session_id: str,
+    speed: float = 1.0,
+    start: int = 0,
+    clock: Callable[[], float] | None = None,
+    sleep: Callable[[float], None] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The session's steps from `start`, each yielded when due at `speed` (blocking sleeps)."""
     clock = clock or time.monotonic

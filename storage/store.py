@@ -35,8 +35,7 @@ class SessionOpen(RuntimeError):
     """The session has no end time: a server may still be recording it."""
 
     def __str__(self) -> str:
-        return (f"session {self.args[0]!r} is still open (no end time): "
-                "a server may be recording it")
+        return f"session {self.args[0]!r} is still open (no end time): a server may be recording it"
 
 
 def safe_url(url: str) -> str:
@@ -111,14 +110,18 @@ class Store:
                 raise IncompatibleSchema(
                     f"{self.display_url} has moescope tables ({', '.join(ours)}) but no schema "
                     f"version: it was written by an older moescope. This moescope reads schema "
-                    f"version {SCHEMA_VERSION}; use another --db or move that database away.")
+                    f"version {SCHEMA_VERSION}; use another --db or move that database away."
+                )
             if not create:
                 raise StorageError(f"{self.display_url} is not a moescope database")
             Base.metadata.create_all(self.engine)
             try:
                 with self.engine.begin() as conn:
-                    conn.execute(SchemaInfo.__table__.insert().values(
-                        id=1, version=SCHEMA_VERSION, created_t=time.time()))
+                    conn.execute(
+                        SchemaInfo.__table__.insert().values(
+                            id=1, version=SCHEMA_VERSION, created_t=time.time()
+                        )
+                    )
             except IntegrityError:
                 pass  # another process created it at the same moment; checked below
         with self.engine.connect() as conn:
@@ -127,7 +130,8 @@ class Store:
             raise IncompatibleSchema(
                 f"{self.display_url} has moescope schema version {version}, but this moescope "
                 f"reads version {SCHEMA_VERSION}. Use another --db, or read that database with "
-                f"the moescope version that wrote it.")
+                f"the moescope version that wrote it."
+            )
 
     def close(self) -> None:
         self.engine.dispose()

@@ -6,15 +6,19 @@ import pytest
 
 pytest.importorskip("transformers")
 
-import offline_throughput as bench  # noqa: E402  (benchmarks/ is on pytest's pythonpath)
+import offline_throughput as bench  # (benchmarks/ is on pytest's pythonpath)
 
 
 def test_quick_run_prints_and_writes_the_table(tmp_path: Path) -> None:
     results = tmp_path / "RESULTS.md"
     results.write_text("# Benchmark results\n\nkept\n")
     section = bench.main(["--quick", "--requests", "6", "--results", str(results)])
-    for row in ("| moescope continuous |", "| moescope static |",
-                "| transformers generate (static) |", "| transformers continuous batching |"):
+    for row in (
+        "| moescope continuous |",
+        "| moescope static |",
+        "| transformers generate (static) |",
+        "| transformers continuous batching |",
+    ):
         assert row in section
     assert "Forward-only bound" in section
     assert section.count("- [") == 4  # one line per target, met or missed

@@ -19,9 +19,18 @@ from typing import Any
 
 from bench_util import pick_device, save
 
-LARGE = dict(hidden_size=1024, num_layers=8, num_heads=16, num_kv_heads=4, head_dim=64,
-             moe_intermediate_size=512, num_experts=64, top_k=8, max_model_len=4096,
-             router_skew=0.6)
+LARGE = dict(
+    hidden_size=1024,
+    num_layers=8,
+    num_heads=16,
+    num_kv_heads=4,
+    head_dim=64,
+    moe_intermediate_size=512,
+    num_experts=64,
+    top_k=8,
+    max_model_len=4096,
+    router_skew=0.6,
+)
 
 
 def workload(n: int, seed: int, prompt_range: tuple[int, int]) -> list[list[int]]:
@@ -29,8 +38,15 @@ def workload(n: int, seed: int, prompt_range: tuple[int, int]) -> list[list[int]
     return [[rng.randrange(1, 256) for _ in range(rng.randint(*prompt_range))] for _ in range(n)]
 
 
-def run(backend: str, model: str, device: str, dtype: str, prompts: list[list[int]],
-        max_tokens: int, max_num_seqs: int) -> dict[str, Any]:
+def run(
+    backend: str,
+    model: str,
+    device: str,
+    dtype: str,
+    prompts: list[list[int]],
+    max_tokens: int,
+    max_num_seqs: int,
+) -> dict[str, Any]:
     """One engine, all requests at once, stepped until done."""
     from engine import LLMEngine, SamplingParams
 
@@ -40,9 +56,16 @@ def run(backend: str, model: str, device: str, dtype: str, prompts: list[list[in
     os.environ["MOESCOPE_DECODE_GRAPHS"] = "0" if backend.endswith("-eager") else "1"
     if device == "cpu":
         os.environ.pop("MOESCOPE_DECODE_GRAPHS")  # the CPU default: off
-    engine = LLMEngine(model=model, device=device, dtype=dtype, num_kv_blocks=16384,
-                       block_size=16, max_num_seqs=max_num_seqs, max_num_batched_tokens=4096,
-                       prefill_chunk_size=2048)
+    engine = LLMEngine(
+        model=model,
+        device=device,
+        dtype=dtype,
+        num_kv_blocks=16384,
+        block_size=16,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=4096,
+        prefill_chunk_size=2048,
+    )
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     engine.add_request(prompts[0][:8], SamplingParams(max_tokens=2, ignore_eos=True))
     while engine.has_unfinished():  # warm-up: compile kernels, allocate
@@ -60,8 +83,13 @@ def run(backend: str, model: str, device: str, dtype: str, prompts: list[list[in
             decode_ms.append(tel.dur_ms.forward)
     wall = time.perf_counter() - t0
     return {
-        "backend": backend, "model": model, "requests": len(prompts), "output_tokens": tokens,
-        "wall_s": wall, "tok_per_s": tokens / wall, "steps": steps,
+        "backend": backend,
+        "model": model,
+        "requests": len(prompts),
+        "output_tokens": tokens,
+        "wall_s": wall,
+        "tok_per_s": tokens / wall,
+        "steps": steps,
         "decode_steps": len(decode_ms),
         "decode_forward_ms": sum(decode_ms) / max(1, len(decode_ms)),
     }
@@ -73,9 +101,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--requests", type=int, default=256)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--max-num-seqs", type=int, default=128)
-    p.add_argument("--backends", nargs="+", default=None,
-                   choices=["triton", "triton-eager", "torch"],
-                   help="default: all three (triton and torch with --dry-run)")
+    p.add_argument(
+        "--backends",
+        nargs="+",
+        default=None,
+        choices=["triton", "triton-eager", "torch"],
+        help="default: all three (triton and torch with --dry-run)",
+    )
     p.add_argument("--dry-run", action="store_true", help="synthetic:tiny on the CPU")
     args = p.parse_args(argv)
     device = pick_device(args.dry_run)
@@ -87,16 +119,19 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     else:
         model, dtype = "synthetic:gpu-bench", "bfloat16"
         prompts, max_tokens = workload(args.requests, 0, (64, 512)), args.max_tokens
-    backends = args.backends or (["triton", "torch"] if args.dry_run
-                                 else ["triton", "triton-eager", "torch"])
+    backends = args.backends or (
+        ["triton", "torch"] if args.dry_run else ["triton", "triton-eager", "torch"]
+    )
     rows = []
     for backend in backends:
-        rows.append(run(backend, model, str(device), dtype, prompts, max_tokens,
-                        args.max_num_seqs))
+        rows.append(run(backend, model, str(device), dtype, prompts, max_tokens, args.max_num_seqs))
         r = rows[-1]
-        print(f"engine {backend}: {r['output_tokens']} tokens in {r['wall_s']:.1f} s = "
-              f"{r['tok_per_s']:.0f} tok/s over {r['steps']} steps; decode-only step forward "
-              f"{r['decode_forward_ms']:.2f} ms", flush=True)
+        print(
+            f"engine {backend}: {r['output_tokens']} tokens in {r['wall_s']:.1f} s = "
+            f"{r['tok_per_s']:.0f} tok/s over {r['steps']} steps; decode-only step forward "
+            f"{r['decode_forward_ms']:.2f} ms",
+            flush=True,
+        )
     save(args.json, rows)
     return rows
 

@@ -80,10 +80,16 @@ def measure(shape: Shape, phase: str, tokens: int, device: torch.device) -> dict
     active = int((per_expert > 0).sum())
     cfg = lookup(device, shape.experts, shape.hidden, shape.inter, rows, torch.bfloat16)
     return {
-        **asdict(shape), "phase": phase, "tokens": tokens, "rows": rows, "active": active,
+        **asdict(shape),
+        "phase": phase,
+        "tokens": tokens,
+        "rows": rows,
+        "active": active,
         "flop": 6 * rows * shape.hidden * shape.inter,
         "weight_bytes": active * 3 * shape.hidden * shape.inter * 2,
-        "ms": ms, "rel_err": err, "config": cfg.to_json(),
+        "ms": ms,
+        "rel_err": err,
+        "config": cfg.to_json(),
     }
 
 
@@ -91,12 +97,15 @@ def describe(row: dict[str, Any], roof: dict[str, Any]) -> str:
     ms = row["ms"]
     tflops = row["flop"] / ms["ours"] / 1e9
     gbps = row["weight_bytes"] / ms["ours"] / 1e6
-    base = ", ".join(f"{k} {'n/a' if v is None else f'{v:.3f} ms'}"
-                     for k, v in ms.items() if k != "ours")
-    return (f"{row['name']:>12} {row['phase']:>7} {row['tokens']:>5} tokens: ours "
-            f"{ms['ours']:.3f} ms ({tflops:.1f} TFLOP/s = {tflops / roof['matmul_tflops']:.0%}, "
-            f"{gbps:.0f} GB/s = {gbps / roof['copy_gbps']:.0%}); {base}; "
-            f"rel err {row['rel_err']:.1e}")
+    base = ", ".join(
+        f"{k} {'n/a' if v is None else f'{v:.3f} ms'}" for k, v in ms.items() if k != "ours"
+    )
+    return (
+        f"{row['name']:>12} {row['phase']:>7} {row['tokens']:>5} tokens: ours "
+        f"{ms['ours']:.3f} ms ({tflops:.1f} TFLOP/s = {tflops / roof['matmul_tflops']:.0%}, "
+        f"{gbps:.0f} GB/s = {gbps / roof['copy_gbps']:.0%}); {base}; "
+        f"rel err {row['rel_err']:.1e}"
+    )
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:

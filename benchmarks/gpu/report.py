@@ -14,8 +14,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for results_md
 
-from bench_util import load  # noqa: E402
-from results_md import write_section  # noqa: E402
+from bench_util import load
+from results_md import write_section
 
 TARGET = 0.6
 BEGIN, END = "<!-- gpu_kernels:begin -->", "<!-- gpu_kernels:end -->"
@@ -30,12 +30,14 @@ def kernel_row(row: dict[str, Any], roof: dict[str, Any]) -> str:
     tflops = row["flop"] / ms["ours"] / 1e9
     gbps = row["weight_bytes"] / ms["ours"] / 1e6
     prefill = row["phase"] == "prefill"
-    compute = (f"{tflops:.1f} | {tflops / roof['matmul_tflops']:.0%}" if prefill else "– | –")
-    memory = ("– | –" if prefill else f"{gbps:.0f} | {gbps / roof['copy_gbps']:.0%}")
-    return (f"| {row['name']} (E{row['experts']} top-{row['top_k']} H{row['hidden']} "
-            f"I{row['inter']}) | {row['phase']} | {row['tokens']} | {row['active']} | "
-            f"{ms['ours']:.3f} | {compute} | {memory} | {ratio(ms['grouped_mm'], ms['ours'])} | "
-            f"{ratio(ms['loop'], ms['ours'])} | {row['rel_err']:.1e} |")
+    compute = f"{tflops:.1f} | {tflops / roof['matmul_tflops']:.0%}" if prefill else "– | –"
+    memory = "– | –" if prefill else f"{gbps:.0f} | {gbps / roof['copy_gbps']:.0%}"
+    return (
+        f"| {row['name']} (E{row['experts']} top-{row['top_k']} H{row['hidden']} "
+        f"I{row['inter']}) | {row['phase']} | {row['tokens']} | {row['active']} | "
+        f"{ms['ours']:.3f} | {compute} | {memory} | {ratio(ms['grouped_mm'], ms['ours'])} | "
+        f"{ratio(ms['loop'], ms['ours'])} | {row['rel_err']:.1e} |"
+    )
 
 
 def targets(rows: list[dict[str, Any]], roof: dict[str, Any]) -> list[str]:
@@ -46,34 +48,47 @@ def targets(rows: list[dict[str, Any]], roof: dict[str, Any]) -> list[str]:
         if prefill:
             big = max(prefill, key=lambda r: r["tokens"])
             frac = big["flop"] / big["ms"]["ours"] / 1e9 / roof["matmul_tflops"]
-            lines.append(f"- [{'x' if frac >= TARGET else ' '}] {name} prefill "
-                         f"{big['tokens']} tokens at {frac:.0%} of measured bf16 peak "
-                         f"(target {TARGET:.0%})")
+            lines.append(
+                f"- [{'x' if frac >= TARGET else ' '}] {name} prefill "
+                f"{big['tokens']} tokens at {frac:.0%} of measured bf16 peak "
+                f"(target {TARGET:.0%})"
+            )
         for r in rows:
             if r["name"] == name and r["phase"] == "decode":
                 frac = r["weight_bytes"] / r["ms"]["ours"] / 1e6 / roof["copy_gbps"]
-                lines.append(f"- [{'x' if frac >= TARGET else ' '}] {name} decode "
-                             f"{r['tokens']} tokens at {frac:.0%} of measured bandwidth "
-                             f"(target {TARGET:.0%})")
+                lines.append(
+                    f"- [{'x' if frac >= TARGET else ' '}] {name} decode "
+                    f"{r['tokens']} tokens at {frac:.0%} of measured bandwidth "
+                    f"(target {TARGET:.0%})"
+                )
     fine = [r for r in rows if r["name"] == "fine-grained" and r["ms"]["grouped_mm"]]
     if fine:
         worst = min(r["ms"]["grouped_mm"] / r["ms"]["ours"] for r in fine)
-        lines.append(f"- [{'x' if worst > 1 else ' '}] faster than grouped_mm on every "
-                     f"fine-grained row (worst {worst:.2f}x)")
+        lines.append(
+            f"- [{'x' if worst > 1 else ' '}] faster than grouped_mm on every "
+            f"fine-grained row (worst {worst:.2f}x)"
+        )
     return lines
 
 
 def engine_lines(runs: list[dict[str, Any]]) -> list[str]:
-    lines = ["| engine backend | model | requests | output tokens | wall s | tok/s | steps | "
-             "decode-only step forward ms |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['backend']} | {r['model']} | {r['requests']} | {r['output_tokens']} | "
-              f"{r['wall_s']:.1f} | {r['tok_per_s']:.0f} | {r['steps']} | "
-              f"{r['decode_forward_ms']:.2f} |" for r in runs]
+    lines = [
+        "| engine backend | model | requests | output tokens | wall s | tok/s | steps | "
+        "decode-only step forward ms |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    lines += [
+        f"| {r['backend']} | {r['model']} | {r['requests']} | {r['output_tokens']} | "
+        f"{r['wall_s']:.1f} | {r['tok_per_s']:.0f} | {r['steps']} | "
+        f"{r['decode_forward_ms']:.2f} |"
+        for r in runs
+    ]
     return lines
 
 
-def render(roof: dict[str, Any], rows: list[dict[str, Any]],
-           runs: list[dict[str, Any]] | None) -> str:
+def render(
+    roof: dict[str, Any], rows: list[dict[str, Any]], runs: list[dict[str, Any]] | None
+) -> str:
     lines = [
         f"Device: {roof['device']}; measured copy bandwidth {roof['copy_gbps']:.0f} GB/s (read "
         f"+ written), bf16 matmul {roof['matmul_tflops']:.1f} TFLOP/s.",
@@ -94,13 +109,21 @@ def render(roof: dict[str, Any], rows: list[dict[str, Any]],
 
 def write_results(path: Path, table: str) -> None:
     """Replace the gpu_kernels section of RESULTS.md with this table, or append it."""
-    section = "\n".join([
-        BEGIN, "## GPU kernels and engine (`benchmarks/gpu/run_all.sh`)", "",
-        "- Command: `bash benchmarks/gpu/run_all.sh` on the device machine (carry `.whl`), then "
-        "`python benchmarks/gpu/report.py ... --results benchmarks/RESULTS.md` on its files",
-        "- Times: triton.testing.do_bench (L2 flushed between calls); bf16; uniform random "
-        "routing; each implementation computes gather, both projections, weighting and scatter",
-        "", table.rstrip("\n"), END])
+    section = "\n".join(
+        [
+            BEGIN,
+            "## GPU kernels and engine (`benchmarks/gpu/run_all.sh`)",
+            "",
+            "- Command: `bash benchmarks/gpu/run_all.sh` on the device machine (carry `.whl`), "
+            "then `python benchmarks/gpu/report.py ... --results benchmarks/RESULTS.md` "
+            "on its files",
+            "- Times: triton.testing.do_bench (L2 flushed between calls); bf16; uniform random "
+            "routing; each implementation computes gather, both projections, weighting and scatter",
+            "",
+            table.rstrip("\n"),
+            END,
+        ]
+    )
     write_section(path, section, BEGIN, END)
 
 

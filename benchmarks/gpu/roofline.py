@@ -1,6 +1,6 @@
 """The card's ceilings: device-to-device copy bandwidth and the bf16 matmul rate.
 
-    python benchmarks/gpu/roofline.py --json out.json [--dry-run]
+python benchmarks/gpu/roofline.py --json out.json [--dry-run]
 """
 
 import argparse
@@ -38,8 +38,10 @@ def main(argv: list[str] | None = None) -> dict[str, float | str]:
         "copy_gbps": copy_bandwidth(device, nbytes),
         "matmul_tflops": matmul_tflops(device, n),
     }
-    print(f"{result['device']}: copy {result['copy_gbps']:.0f} GB/s (read + written), "
-          f"bf16 matmul {result['matmul_tflops']:.1f} TFLOP/s")
+    print(
+        f"{result['device']}: copy {result['copy_gbps']:.0f} GB/s (read + written), "
+        f"bf16 matmul {result['matmul_tflops']:.1f} TFLOP/s"
+    )
     save(args.json, result)
     return result
 

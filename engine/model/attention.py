@@ -13,7 +13,9 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, rotary: Rotary) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
-            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
         )
         q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.q_proj = nn.Linear(cfg.hidden_size, q_dim, bias=cfg.qkv_bias)
@@ -48,7 +50,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         q, k, v = self._qkv(x)
         q, k = self.rotary(positions, q, k)
-        write_kv(self.k_cache, self.v_cache, k, v, ctx.slot_mapping)
+        write_kv(self.k_cache, self.v_cache, k, v, ctx.kv_index)
         out = torch.empty_like(q)
         for g in ctx.decodes:
             out[g.rows] = decode_attention(

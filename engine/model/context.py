@@ -5,10 +5,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.parallel import Placement
+from engine.ep.placement import Placement
 
 if TYPE_CHECKING:
-    from engine.ep_group import EPGroup
+    from engine.ep.group import EPGroup
 
 
 @dataclass
@@ -60,7 +60,7 @@ class RankStats:
 class ForwardContext:
     """How the flat batch maps onto sequences and the KV cache, plus what MoE layers record."""
 
-    slot_mapping: torch.Tensor
+    kv_index: torch.Tensor  # flat KV cache index (block * block_size + offset) per row
     prefills: list[PrefillSeq]
     decodes: list[DecodeGroup]
     token_rank: torch.Tensor

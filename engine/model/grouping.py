@@ -44,8 +44,7 @@ def fits_capacity(
     return keep
 
 
-def _place_in_expert(flat: torch.Tensor, order: torch.Tensor, routed: torch.Tensor
-                     ) -> torch.Tensor:
+def _place_in_expert(flat: torch.Tensor, order: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:
     """For each pair in `order` (the stable sort of `flat`; `routed` its counts per expert),
     how many pairs of the same expert come before it in token order."""
     starts = torch.cumsum(routed, 0) - routed

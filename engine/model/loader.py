@@ -16,14 +16,41 @@ from engine.model.tokenizer import ByteTokenizer, FileTokenizer, NoTokenizer, To
 from engine.model.transformer import MoETransformer
 
 SYNTHETIC_PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
-                 moe_intermediate_size=96, num_experts=8, top_k=2, max_model_len=1024),
-    "small": dict(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4, head_dim=32,
-                  moe_intermediate_size=384, num_experts=16, top_k=2, max_model_len=2048,
-                  router_skew=0.6),
-    "medium": dict(hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, head_dim=64,
-                   moe_intermediate_size=768, num_experts=64, top_k=4, max_model_len=4096,
-                   router_skew=0.6),
+    "tiny": dict(
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        moe_intermediate_size=96,
+        num_experts=8,
+        top_k=2,
+        max_model_len=1024,
+    ),
+    "small": dict(
+        hidden_size=256,
+        num_layers=4,
+        num_heads=8,
+        num_kv_heads=4,
+        head_dim=32,
+        moe_intermediate_size=384,
+        num_experts=16,
+        top_k=2,
+        max_model_len=2048,
+        router_skew=0.6,
+    ),
+    "medium": dict(
+        hidden_size=512,
+        num_layers=8,
+        num_heads=8,
+        num_kv_heads=4,
+        head_dim=64,
+        moe_intermediate_size=768,
+        num_experts=64,
+        top_k=4,
+        max_model_len=4096,
+        router_skew=0.6,
+    ),
 }
 
 FAMILIES: dict[str, Family] = {
@@ -67,8 +94,9 @@ def _synthetic(
     kw = dict(SYNTHETIC_PRESETS[preset])
     if router_skew is not None:
         kw["router_skew"] = router_skew
-    cfg = ModelConfig(family="mixtral", vocab_size=tok.vocab_size,
-                      eos_token_ids=(tok.eos_token_id,), **kw)
+    cfg = ModelConfig(
+        family="mixtral", vocab_size=tok.vocab_size, eos_token_ids=(tok.eos_token_id,), **kw
+    )
     model = MoETransformer(cfg)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -76,8 +104,11 @@ def _synthetic(
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
             else:
-                p.normal_(0.0, 1.0 / math.sqrt(p.shape[-2] if p.dim() == 3 else p.shape[-1]),
-                          generator=gen)
+                p.normal_(
+                    0.0,
+                    1.0 / math.sqrt(p.shape[-2] if p.dim() == 3 else p.shape[-1]),
+                    generator=gen,
+                )
         skew = -cfg.router_skew * torch.log1p(torch.arange(cfg.num_experts, dtype=torch.float))
         for layer in model.layers:
             layer.mlp.router_bias.copy_(skew)
@@ -96,8 +127,10 @@ def _read_config(path: Path) -> dict[str, Any]:
         config = json.loads(file.read_text())
     except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
         raise ValueError(f"{file} is not valid JSON: {e}") from e
-    _refuse(not isinstance(config, dict),
-            f"{file} must hold a JSON object, not a {type(config).__name__}")
+    _refuse(
+        not isinstance(config, dict),
+        f"{file} must hold a JSON object, not a {type(config).__name__}",
+    )
     return config
 
 
@@ -119,16 +152,20 @@ def _value(c: dict[str, Any], key: str, kinds: tuple[type, ...], default: Any = 
 def _int(c: dict[str, Any], key: str, default: Any = _REQUIRED, minimum: int = 1) -> Any:
     """An integer of at least `minimum` (or `default` when absent)."""
     value = _value(c, key, (int,), default)
-    _refuse(c.get(key) is not None and value < minimum,
-            f"config.json: {key!r} must be at least {minimum}, got {value!r}")
+    _refuse(
+        c.get(key) is not None and value < minimum,
+        f"config.json: {key!r} must be at least {minimum}, got {value!r}",
+    )
     return value
 
 
 def _number(c: dict[str, Any], key: str, default: Any = _REQUIRED) -> Any:
     """A positive finite number (or `default` when absent)."""
     value = _value(c, key, (int, float), default)
-    _refuse(c.get(key) is not None and not 0 < value < math.inf,
-            f"config.json: {key!r} must be a positive finite number, got {value!r}")
+    _refuse(
+        c.get(key) is not None and not 0 < value < math.inf,
+        f"config.json: {key!r} must be a positive finite number, got {value!r}",
+    )
     return value
 
 
@@ -142,20 +179,28 @@ def model_config_from_hf(c: dict[str, Any]) -> ModelConfig:
     model_type = c.get("model_type")
     family = FAMILIES.get(str(model_type))
     if family is None:
-        raise ValueError(f"unsupported model family {model_type!r}: "
-                         f"moescope runs {sorted(FAMILIES)}")
+        raise ValueError(
+            f"unsupported model family {model_type!r}: moescope runs {sorted(FAMILIES)}"
+        )
     sliding = c["use_sliding_window"] if "use_sliding_window" in c else c.get("sliding_window")
     _refuse(bool(sliding), "sliding-window attention is not supported")
-    _refuse(c.get("decoder_sparse_step", 1) != 1 or bool(c.get("mlp_only_layers")),
-            "checkpoints with dense (non-MoE) layers are not supported")
+    _refuse(
+        c.get("decoder_sparse_step", 1) != 1 or bool(c.get("mlp_only_layers")),
+        "checkpoints with dense (non-MoE) layers are not supported",
+    )
     hidden, heads = _int(c, "hidden_size"), _int(c, "num_attention_heads")
     kv_heads = _int(c, "num_key_value_heads", heads)
-    _refuse(heads % kv_heads != 0, f"config.json: num_attention_heads ({heads}) is not a "
-            f"multiple of num_key_value_heads ({kv_heads})")
+    _refuse(
+        heads % kv_heads != 0,
+        f"config.json: num_attention_heads ({heads}) is not a "
+        f"multiple of num_key_value_heads ({kv_heads})",
+    )
     experts_key = _first_set(c, "num_local_experts", "num_experts")
     num_experts, top_k = _int(c, experts_key), _int(c, "num_experts_per_tok")
-    _refuse(top_k > num_experts, f"config.json: num_experts_per_tok ({top_k}) exceeds "
-            f"{experts_key} ({num_experts})")
+    _refuse(
+        top_k > num_experts,
+        f"config.json: num_experts_per_tok ({top_k}) exceeds {experts_key} ({num_experts})",
+    )
     return ModelConfig(
         family=family,
         vocab_size=_int(c, "vocab_size"),
@@ -169,7 +214,8 @@ def model_config_from_hf(c: dict[str, Any]) -> ModelConfig:
         top_k=top_k,
         norm_topk_prob=family == "mixtral" or _flag(c, "norm_topk_prob"),
         shared_expert_intermediate_size=_int(c, "shared_expert_intermediate_size", 0, minimum=0)
-        if family == "qwen2_moe" else 0,
+        if family == "qwen2_moe"
+        else 0,
         qkv_bias=_qkv_bias(family, c),
         o_proj_bias=family in ("olmoe", "qwen3_moe") and _flag(c, "attention_bias"),
         qk_norm={"olmoe": "full", "qwen3_moe": "head"}.get(family, "none"),  # type: ignore[arg-type]
@@ -191,8 +237,11 @@ def _head_dim(c: dict[str, Any], hidden: int, heads: int) -> int:
     head_dim = _int(c, "head_dim", None)
     if head_dim is not None:
         return head_dim
-    _refuse(hidden % heads != 0, f"config.json: hidden_size ({hidden}) is not a multiple of "
-            f"num_attention_heads ({heads}) and head_dim is not given")
+    _refuse(
+        hidden % heads != 0,
+        f"config.json: hidden_size ({hidden}) is not a multiple of "
+        f"num_attention_heads ({heads}) and head_dim is not given",
+    )
     return hidden // heads
 
 
@@ -205,8 +254,9 @@ def _rope_theta(c: dict[str, Any], family: Family) -> float:
     ropes = {key: _value(c, key, (dict,), {}) for key in ("rope_scaling", "rope_parameters")}
     for key, rope in ropes.items():
         rope_type = rope.get("rope_type", rope.get("type", "default"))
-        _refuse(rope_type != "default",
-                f"unsupported rope scaling {rope_type!r} (config.json {key!r})")
+        _refuse(
+            rope_type != "default", f"unsupported rope scaling {rope_type!r} (config.json {key!r})"
+        )
     theta = _number(c, "rope_theta", DEFAULT_ROPE_THETA.get(family, 10000.0))
     return _number(ropes["rope_scaling"] or ropes["rope_parameters"], "rope_theta", theta)
 
@@ -214,8 +264,10 @@ def _rope_theta(c: dict[str, Any], family: Family) -> float:
 def _eos_token_ids(c: dict[str, Any]) -> tuple[int, ...]:
     eos = _value(c, "eos_token_id", (int, list), [])
     ids = eos if isinstance(eos, list) else [eos]
-    _refuse(not all(isinstance(i, int) and not isinstance(i, bool) for i in ids),
-            f"config.json: 'eos_token_id' must be an int or a list of ints, got {eos!r}")
+    _refuse(
+        not all(isinstance(i, int) and not isinstance(i, bool) for i in ids),
+        f"config.json: 'eos_token_id' must be an int or a list of ints, got {eos!r}",
+    )
     return tuple(ids)
 
 
@@ -229,8 +281,14 @@ def _qkv_bias(family: Family, c: dict[str, Any]) -> bool:
 EXPERT_KEY = re.compile(
     r"layers\.(\d+)\.mlp\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight"
 )
-EXPERT_ROLE = {"w1": "gate", "gate_proj": "gate", "w3": "up", "up_proj": "up",
-               "w2": "down", "down_proj": "down"}
+EXPERT_ROLE = {
+    "w1": "gate",
+    "gate_proj": "gate",
+    "w3": "up",
+    "up_proj": "up",
+    "w2": "down",
+    "down_proj": "down",
+}
 
 
 def load_safetensors(model: MoETransformer, path: Path) -> None:
@@ -243,8 +301,16 @@ def load_safetensors(model: MoETransformer, path: Path) -> None:
     params = dict(model.named_parameters())
     loaded: set[str] = set()
     sizes = {file: file.stat().st_size for file in files}
-    with torch.no_grad(), tqdm(total=sum(sizes.values()), desc="loading weights", unit="B",
-                               unit_scale=True, disable=None) as bar:
+    with (
+        torch.no_grad(),
+        tqdm(
+            total=sum(sizes.values()),
+            desc="loading weights",
+            unit="B",
+            unit_scale=True,
+            disable=None,
+        ) as bar,
+    ):
         for file in files:
             left = sizes[file]
             for key, tensor in _read_tensors(file):
@@ -254,8 +320,12 @@ def load_safetensors(model: MoETransformer, path: Path) -> None:
             bar.update(left)  # the file's header
     expected = {n for n in params if ".w_" not in n}
     cfg = model.cfg
-    expected |= {f"layers.{i}.experts.{e}.{r}" for i in range(cfg.num_layers)
-                 for e in range(cfg.num_experts) for r in ("gate", "up", "down")}
+    expected |= {
+        f"layers.{i}.experts.{e}.{r}"
+        for i in range(cfg.num_layers)
+        for e in range(cfg.num_experts)
+        for r in ("gate", "up", "down")
+    }
     if cfg.tie_embeddings:
         expected.discard("lm_head.weight")
     missing = sorted(expected - loaded)
@@ -273,7 +343,10 @@ def _read_tensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def _load_tensor(
-    model: MoETransformer, params: dict[str, torch.nn.Parameter], file: Path, key: str,
+    model: MoETransformer,
+    params: dict[str, torch.nn.Parameter],
+    file: Path,
+    key: str,
     tensor: torch.Tensor,
 ) -> str:
     """Copy checkpoint tensor `key` of `file` into the model; returns the name it stands for."""
@@ -283,9 +356,11 @@ def _load_tensor(
     if m:
         cfg = model.cfg
         layer, expert, role = int(m[1]), int(m[2]), EXPERT_ROLE[m[3]]
-        _refuse(layer >= cfg.num_layers or expert >= cfg.num_experts,
-                f"unexpected {where}: config.json has {cfg.num_layers} layers of "
-                f"{cfg.num_experts} experts")
+        _refuse(
+            layer >= cfg.num_layers or expert >= cfg.num_experts,
+            f"unexpected {where}: config.json has {cfg.num_layers} layers of "
+            f"{cfg.num_experts} experts",
+        )
         _copy(_expert_weight(model, layer, expert, role), tensor, where)
         return f"layers.{layer}.experts.{expert}.{role}"
     if name == "lm_head.weight" and model.cfg.tie_embeddings:
@@ -297,8 +372,9 @@ def _load_tensor(
 
 def _copy(dst: torch.Tensor, src: torch.Tensor, where: str) -> None:
     """`dst.copy_(src)` once the shapes match exactly (copy_ would broadcast)."""
-    _refuse(src.shape != dst.shape,
-            f"{where} has shape {list(src.shape)}, expected {list(dst.shape)}")
+    _refuse(
+        src.shape != dst.shape, f"{where} has shape {list(src.shape)}, expected {list(dst.shape)}"
+    )
     _refuse(not src.is_floating_point(), f"{where} has dtype {src.dtype}, expected a float")
     dst.copy_(src)
 

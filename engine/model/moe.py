@@ -7,8 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ModelConfig
+from engine.ep.moe import ep_experts
 from engine.model.context import ForwardContext
-from engine.model.ep_moe import ep_experts
 from engine.model.grouping import count, expert_capacity, group_by_expert, kept_mask
 from kernels import moe_experts
 
@@ -26,9 +26,7 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-def route(
-    logits: torch.Tensor, top_k: int, renormalize: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
+def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax top-k routing: (weights [T, k] float32, expert ids [T, k])."""
     probs = torch.softmax(logits.float(), dim=-1)
     weights, experts = probs.topk(top_k, dim=-1)
@@ -75,8 +73,9 @@ class MoEBlock(nn.Module):
         order, per_expert, routed, dropped = group_by_expert(experts, self.num_experts, cap)
         out = moe_experts(x, self.w_gate_up, self.w_down, order, per_expert, weights)
         keep = None if ctx.row_valid is None else ctx.row_valid.repeat_interleave(self.top_k)
-        ctx.expert_counts.append(routed if keep is None
-                                 else count(experts.flatten(), self.num_experts, keep))
+        ctx.expert_counts.append(
+            routed if keep is None else count(experts.flatten(), self.num_experts, keep)
+        )
         computed = keep if cap is None else kept_mask(order, experts.numel())
         ctx.rank_pairs.append(self._rank_pairs(experts, ctx, computed))
         ctx.expert_dropped.append(dropped)
@@ -102,8 +101,17 @@ class MoEBlock(nn.Module):
         start, end = ranges[ctx.ep.rank]
         weights, experts = self._route(x[start:end])
         cap = expert_capacity(ctx.expert_capacity_factor, rows * self.top_k, self.num_experts)
-        own = ep_experts(x[start:end], weights, experts, self, placement.layers[self.index],
-                         start, cap, ctx.ep, ctx.rank_stats)
+        own = ep_experts(
+            x[start:end],
+            weights,
+            experts,
+            self,
+            placement.layers[self.index],
+            start,
+            cap,
+            ctx.ep,
+            ctx.rank_stats,
+        )
         ctx.expert_counts.append(count(experts.flatten(), self.num_experts))
         sizes = [b - a for a, b in ranges]
         padded = max(sizes) * x.shape[1] * x.element_size()

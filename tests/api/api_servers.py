@@ -32,10 +32,15 @@ class Served:
         return self.url.replace("http://", "ws://") + "/ws/telemetry"
 
 
-def serve(settings: ServerSettings, send_buffer: int | None = None,
-          **engine_args: object) -> Served:
-    args = {"num_kv_blocks": KV_BLOCKS, "max_num_seqs": 8, "max_num_batched_tokens": 256,
-            **engine_args}
+def serve(
+    settings: ServerSettings, send_buffer: int | None = None, **engine_args: object
+) -> Served:
+    args = {
+        "num_kv_blocks": KV_BLOCKS,
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 256,
+        **engine_args,
+    }
     loop = build_loop(MODEL, **args)
     server = ServerThread(create_app(loop, settings), send_buffer=send_buffer).start()
     return Served(server, loop, settings)
@@ -60,12 +65,16 @@ def wait_for(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condi
 
 
 def wait_idle(loop: EngineLoop, timeout: float = 30.0) -> None:
-    wait_for(lambda: not loop.engine.has_unfinished() and not loop.summary()["loop"]["streams"],
-             timeout, "the engine to go idle")
+    wait_for(
+        lambda: not loop.engine.has_unfinished() and not loop.summary()["loop"]["streams"],
+        timeout,
+        "the engine to go idle",
+    )
 
 
 def traffic(loop: EngineLoop, n: int, max_tokens: int, prompt_len: int = 24) -> list[str]:
     """Submit `n` requests straight to the loop (no HTTP); outputs are discarded."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    return [loop.submit([256, *range(1 + i, prompt_len + i)], params, lambda _: None)
-            for i in range(n)]
+    return [
+        loop.submit([256, *range(1 + i, prompt_len + i)], params, lambda _: None) for i in range(n)
+    ]

@@ -10,8 +10,16 @@ from api.settings import ServerSettings
 
 @pytest.fixture(scope="session")
 def served() -> Iterator[Served]:
-    s = serve(ServerSettings(model_name=MODEL, max_prompt_tokens=512, max_tokens_limit=1000,
-                             ws_buffer=32, metrics_interval_s=0.1, max_body_bytes=64 * 1024),
-              send_buffer=16384)
+    s = serve(
+        ServerSettings(
+            model_name=MODEL,
+            max_prompt_tokens=512,
+            max_tokens_limit=1000,
+            ws_buffer=32,
+            metrics_interval_s=0.1,
+            max_body_bytes=64 * 1024,
+        ),
+        send_buffer=16384,
+    )
     yield s
     stop(s)

@@ -13,9 +13,17 @@ from api.cli import build_parser
 from api.settings import ServerSettings
 
 KEY, ADMIN = "sk-test-key", "sk-admin-key"
-ENDPOINTS = [("GET", "/v1/models"), ("GET", "/api/status"), ("GET", "/api/knobs"),
-             ("GET", "/api/knobs/history"), ("GET", "/metrics"), ("POST", "/v1/completions"),
-             ("POST", "/v1/chat/completions"), ("PATCH", "/api/knobs"), ("GET", "/docs")]
+ENDPOINTS = [
+    ("GET", "/v1/models"),
+    ("GET", "/api/status"),
+    ("GET", "/api/knobs"),
+    ("GET", "/api/knobs/history"),
+    ("GET", "/metrics"),
+    ("POST", "/v1/completions"),
+    ("POST", "/v1/chat/completions"),
+    ("PATCH", "/api/knobs"),
+    ("GET", "/docs"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +53,7 @@ def test_the_key_opens_them(guarded: Served) -> None:
     out = client.completions.create(model=MODEL, prompt="hi", max_tokens=3)
     assert out.usage.completion_tokens >= 1
     with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=guarded.url + "/v1", api_key="nope", max_retries=0
-                      ).models.list()
+        openai.OpenAI(base_url=guarded.url + "/v1", api_key="nope", max_retries=0).models.list()
 
 
 def test_knob_changes_need_the_admin_key(guarded: Served) -> None:
@@ -59,13 +66,18 @@ def test_knob_changes_need_the_admin_key(guarded: Served) -> None:
 
 
 def test_websocket_needs_the_key_as_header_or_query(guarded: Served) -> None:
-    for url, headers in ((guarded.ws_url, None), (guarded.ws_url + "?token=wrong", None),
-                         (guarded.ws_url, _auth("wrong"))):
+    for url, headers in (
+        (guarded.ws_url, None),
+        (guarded.ws_url + "?token=wrong", None),
+        (guarded.ws_url, _auth("wrong")),
+    ):
         with pytest.raises(InvalidStatus) as info:
             ws_connect(url, additional_headers=headers)
         assert info.value.response.status_code == 403
-    for url, headers in ((guarded.ws_url + f"?token={KEY}&every=1", None),
-                         (guarded.ws_url, _auth(KEY))):
+    for url, headers in (
+        (guarded.ws_url + f"?token={KEY}&every=1", None),
+        (guarded.ws_url, _auth(KEY)),
+    ):
         with ws_connect(url, additional_headers=headers) as ws:
             guarded.loop.update_knobs({"max_num_seqs": 5}).result(5)
             assert "step" in json.loads(ws.recv(timeout=10))

@@ -15,8 +15,9 @@ def test_quick_run_writes_its_section(tmp_path: Path) -> None:
     assert "kept" in text and section in text
     assert "| 4 | 6 (6) |" in section
     assert "Ratio of mean step time on / off" in section
-    bench.write_section(results, section.replace("Online serving", "Online serving again"),
-                        bench.BEGIN, bench.END)
+    bench.write_section(
+        results, section.replace("Online serving", "Online serving again"), bench.BEGIN, bench.END
+    )
     text = results.read_text()
     assert text.count("<!-- serving:begin -->") == 1 and "serving again" in text
     assert "kept" in text

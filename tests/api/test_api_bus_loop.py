@@ -48,8 +48,9 @@ def loop() -> Iterator[EngineLoop]:
     lp.stop()
 
 
-def _run(loop: EngineLoop, prompt: list[int], stop: tuple[str, ...] = (),
-         **params: object) -> list[RequestOutput]:
+def _run(
+    loop: EngineLoop, prompt: list[int], stop: tuple[str, ...] = (), **params: object
+) -> list[RequestOutput]:
     outs: list[RequestOutput] = []
     done = threading.Event()
 
@@ -58,15 +59,14 @@ def _run(loop: EngineLoop, prompt: list[int], stop: tuple[str, ...] = (),
         if out.finished:
             done.set()
 
-    loop.submit(prompt, SamplingParams(temperature=0.0, ignore_eos=True, **params), on_output,
-                stop)
+    loop.submit(prompt, SamplingParams(temperature=0.0, ignore_eos=True, **params), on_output, stop)
     assert done.wait(10)
     return outs
 
 
 def _stop_inside(text: str) -> str:
     """Three clean characters from the middle of `text`, to use as a stop string."""
-    return next(text[i:i + 3] for i in range(6, len(text) - 3) if "\ufffd" not in text[i:i + 3])
+    return next(text[i : i + 3] for i in range(6, len(text) - 3) if "\ufffd" not in text[i : i + 3])
 
 
 def test_text_only_grows_and_stop_strings_cut_it(loop: EngineLoop) -> None:
@@ -77,7 +77,7 @@ def test_text_only_grows_and_stop_strings_cut_it(loop: EngineLoop) -> None:
     full = texts[-1]
     stop = _stop_inside(full)
     cut = _run(loop, [256, 1, 2, 3], (stop,), max_tokens=48)
-    assert cut[-1].text == full[:full.index(stop)]
+    assert cut[-1].text == full[: full.index(stop)]
     assert cut[-1].finish_reason == "stop" and cut[-1].finished
     cut_texts = [o.text for o in cut]
     assert all(b.startswith(a) for a, b in zip(cut_texts, cut_texts[1:], strict=False))
@@ -92,9 +92,10 @@ def test_a_stop_string_finish_is_in_the_step_latencies(loop: EngineLoop) -> None
     cut = _run(loop, [256, 1, 2, 3], (stop,), max_tokens=48)
     assert cut[-1].finish_reason == "stop" and len(cut[-1].token_ids) < 48
     records: list[dict] = []
-    wait_for(lambda: records.extend(sub.drain()[0]) or any(r["queue"]["finished"]
-                                                           for r in records),
-             what="a step that reports the stopped request")
+    wait_for(
+        lambda: records.extend(sub.drain()[0]) or any(r["queue"]["finished"] for r in records),
+        what="a step that reports the stopped request",
+    )
     assert sum(r["queue"]["finished"] for r in records) == 1
     assert sum(len(r["latency"]["ttft_ms"]) for r in records) == 1
     loop.bus.unsubscribe(sub)

@@ -25,8 +25,12 @@ def test_status_reports_model_configs_knobs_queue_and_kv(http: httpx.Client) -> 
     assert set(s["queue"]) == {"waiting", "running", "swapped"}
     assert s["kv"]["total"] == KV_BLOCKS and 0.0 <= s["kv"]["usage"] <= 1.0
     assert s["loop"]["alive"] is True and s["loop"]["error"] is None
-    assert s["limits"] == {"max_prompt_tokens": 512, "max_tokens": 1000, "max_prompts": 16,
-                           "max_body_bytes": 64 * 1024}
+    assert s["limits"] == {
+        "max_prompt_tokens": 512,
+        "max_tokens": 1000,
+        "max_prompts": 16,
+        "max_body_bytes": 64 * 1024,
+    }
 
 
 def test_get_knobs_gives_values_version_and_ranges(http: httpx.Client) -> None:
@@ -44,8 +48,9 @@ def test_get_knobs_gives_values_version_and_ranges(http: httpx.Client) -> None:
 def test_patch_is_versioned_and_reflected_in_telemetry(http: httpx.Client, served: Served) -> None:
     with ws_connect(served.ws_url + "?fields=knobs_version,batch,knob_changes") as ws:
         traffic(served.loop, 8, 60)
-        resp = http.patch("/api/knobs?origin=test-suite",
-                          json={"max_num_seqs": 3, "policy": "shortest_first"})
+        resp = http.patch(
+            "/api/knobs?origin=test-suite", json={"max_num_seqs": 3, "policy": "shortest_first"}
+        )
         assert resp.status_code == 200, resp.text
         body = resp.json()
         version = body["version"]

@@ -37,8 +37,13 @@ def test_stream_disconnect_frees_kv_within_a_step(
     served = fresh
     wait_idle(served.loop)
     aborts = _abort_spy(served, monkeypatch)
-    body = {"model": MODEL, "prompt": "x" * 100, "max_tokens": 900, "ignore_eos": True,
-            "stream": True}
+    body = {
+        "model": MODEL,
+        "prompt": "x" * 100,
+        "max_tokens": 900,
+        "ignore_eos": True,
+        "stream": True,
+    }
     with httpx.Client(base_url=served.url, timeout=30) as http:
         with http.stream("POST", "/v1/completions", json=body) as resp:
             lines = resp.iter_lines()  # kept open: closing it would disconnect now
@@ -79,8 +84,10 @@ def _counters(http: httpx.Client) -> dict[str, float]:
         for sample in family.samples:
             if sample.labels.get("finished_reason") == "abort":
                 out["aborts"] = sample.value
-            elif sample.name in ("moescope:prompt_tokens_total",
-                                 "moescope:generation_tokens_total"):
+            elif sample.name in (
+                "moescope:prompt_tokens_total",
+                "moescope:generation_tokens_total",
+            ):
                 out[sample.name.split(":")[1]] = sample.value
     return {"aborts": 0.0, **out}
 
@@ -88,11 +95,20 @@ def _counters(http: httpx.Client) -> dict[str, float]:
 def test_requests_aborted_while_waiting_are_counted(fresh: Served) -> None:
     served = fresh
     wait_idle(served.loop)
-    running = {"model": MODEL, "prompt": "hold", "max_tokens": 1000, "ignore_eos": True,
-               "stream": True}
+    running = {
+        "model": MODEL,
+        "prompt": "hold",
+        "max_tokens": 1000,
+        "ignore_eos": True,
+        "stream": True,
+    }
     queued = {"model": MODEL, "prompt": "queued", "max_tokens": 5}
-    chat = {"model": MODEL, "messages": [{"role": "user", "content": "queued"}],
-            "max_tokens": 5, "stream": True}
+    chat = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "queued"}],
+        "max_tokens": 5,
+        "stream": True,
+    }
     with httpx.Client(base_url=served.url, timeout=30) as http:
         assert http.patch("/api/knobs", json={"max_num_seqs": 1}).status_code == 200
         try:
@@ -102,18 +118,30 @@ def test_requests_aborted_while_waiting_are_counted(fresh: Served) -> None:
                 assert next(lines).startswith("data: ")
                 with pytest.raises(httpx.ReadTimeout):
                     httpx.post(served.url + "/v1/completions", json=queued, timeout=0.3)
-                with (http.stream("POST", "/v1/completions", json={**queued, "stream": True}),
-                      http.stream("POST", "/v1/chat/completions", json=chat)):
-                    wait_for(lambda: served.loop.summary()["queue"]["waiting"] == 2, 5,
-                             "two queued streams")
-                wait_for(lambda: _counters(http)["aborts"] == before["aborts"] + 3, 5,
-                         "three aborts counted")
-                wait_for(lambda: served.loop.summary()["queue"]["waiting"] == 0, 5,
-                         "the queue to empty")
+                with (
+                    http.stream("POST", "/v1/completions", json={**queued, "stream": True}),
+                    http.stream("POST", "/v1/chat/completions", json=chat),
+                ):
+                    wait_for(
+                        lambda: served.loop.summary()["queue"]["waiting"] == 2,
+                        5,
+                        "two queued streams",
+                    )
+                wait_for(
+                    lambda: _counters(http)["aborts"] == before["aborts"] + 3,
+                    5,
+                    "three aborts counted",
+                )
+                wait_for(
+                    lambda: served.loop.summary()["queue"]["waiting"] == 0, 5, "the queue to empty"
+                )
                 assert served.loop.summary()["queue"]["running"] == 1
                 # never scheduled: no prompt tokens served, none generated
                 assert _counters(http) == {**before, "aborts": before["aborts"] + 3}
-            wait_for(lambda: _counters(http)["aborts"] == before["aborts"] + 4, 5,
-                     "the running request's abort counted")
+            wait_for(
+                lambda: _counters(http)["aborts"] == before["aborts"] + 4,
+                5,
+                "the running request's abort counted",
+            )
         finally:
             assert http.patch("/api/knobs", json={"max_num_seqs": 8}).status_code == 200

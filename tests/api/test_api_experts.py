@@ -28,8 +28,15 @@ def test_auto_rebalancing_is_refused_without_expert_parallel(served: Served) -> 
     assert error["param"] == "eplb_interval_steps" and "ep_size" in error["message"]
 
 
-@pytest.mark.parametrize("body, field", [({"window": 0}, "window"), ({"replicas": -1}, "replicas"),
-                                         ({"window": "8"}, "window"), ({"bogus": 1}, "bogus")])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"window": 0}, "window"),
+        ({"replicas": -1}, "replicas"),
+        ({"window": "8"}, "window"),
+        ({"bogus": 1}, "bogus"),
+    ],
+)
 def test_bad_rebalance_bodies_name_the_field(served: Served, body: dict, field: str) -> None:
     resp = httpx.post(served.url + "/api/experts/rebalance", json=body)
     assert resp.status_code == 422
@@ -38,8 +45,7 @@ def test_bad_rebalance_bodies_name_the_field(served: Served, body: dict, field: 
 
 @pytest.fixture(scope="module")
 def ranks2() -> Iterator[Served]:
-    s = serve(ServerSettings(model_name=MODEL), ep_size=2, ep_distributed=True,
-              router_skew=1.5)
+    s = serve(ServerSettings(model_name=MODEL), ep_size=2, ep_distributed=True, router_skew=1.5)
     yield s
     stop(s)
 
@@ -47,16 +53,16 @@ def ranks2() -> Iterator[Served]:
 @pytest.mark.slow
 def test_two_ranks_serve_rebalance_and_report_a_dead_rank(ranks2: Served) -> None:
     client = openai.OpenAI(base_url=ranks2.url + "/v1", api_key="unused", max_retries=0)
-    out = client.completions.create(model=MODEL, prompt="experts", max_tokens=4,
-                                     temperature=0)
+    out = client.completions.create(model=MODEL, prompt="experts", max_tokens=4, temperature=0)
     assert out.usage.completion_tokens == 4
     before = httpx.get(ranks2.url + "/api/experts").json()
     assert before["mode"] == "measured" and before["version"] == 1
     for prompt in ("a mixture", "of experts", "on two ranks"):
         client.completions.create(model=MODEL, prompt=prompt, max_tokens=8)
     with ws_connect(ranks2.ws_url) as ws:
-        resp = httpx.post(ranks2.url + "/api/experts/rebalance",
-                          json={"window": 256, "replicas": 2}, timeout=30)
+        resp = httpx.post(
+            ranks2.url + "/api/experts/rebalance", json={"window": 256, "replicas": 2}, timeout=30
+        )
         assert resp.status_code == 200, resp.text
         summary = resp.json()
         assert summary["imbalance_after"] < summary["imbalance_before"]
@@ -68,8 +74,7 @@ def test_two_ranks_serve_rebalance_and_report_a_dead_rank(ranks2: Served) -> Non
     assert after["version"] == 2 and after["placement"] == summary["placement"]
     history = httpx.get(ranks2.url + "/api/knobs/history").json()["changes"]
     assert history[-1]["origin"] == "api" and "expert_placement" in history[-1]["changes"]
-    again = client.completions.create(model=MODEL, prompt="experts", max_tokens=4,
-                                     temperature=0)
+    again = client.completions.create(model=MODEL, prompt="experts", max_tokens=4, temperature=0)
     assert again.choices[0].text == out.choices[0].text
 
     moved = {name: 0.0 for name in ("a2a_bytes_total", "ep_gather_bytes_total")}

@@ -9,6 +9,7 @@ from api.settings import ServerSettings
 def test_engine_failure_is_a_503_with_the_message() -> None:
     s = serve(ServerSettings(model_name=MODEL))
     try:
+
         def broken() -> None:
             raise RuntimeError("the accelerator caught fire")
 

@@ -9,7 +9,7 @@ import pytest
 from api_servers import Served, wait_idle
 
 from api.cli import main
-from api.load import (
+from api.loadgen import (
     Arrival,
     load_trace,
     make_prompt,
@@ -48,8 +48,11 @@ def test_trace_round_trip(tmp_path: Path) -> None:
     arrivals = [Arrival(0.5, 10, 4), Arrival(0.1, 20, 8)]
     path = tmp_path / "trace.jsonl"
     path.write_text(trace_text(arrivals))
-    assert json.loads(path.read_text().splitlines()[0]) == {"t": 0.5, "prompt_len": 10,
-                                                             "output_len": 4}
+    assert json.loads(path.read_text().splitlines()[0]) == {
+        "t": 0.5,
+        "prompt_len": 10,
+        "output_len": 4,
+    }
     assert load_trace(path) == sorted(arrivals, key=lambda a: a.t)
     path.write_text('{"t": 1}\n')
     with pytest.raises(ValueError, match="trace.jsonl:1"):
@@ -62,8 +65,9 @@ def test_prompt_length_in_bytes() -> None:
 
 def test_short_run_against_the_server(served: Served) -> None:
     wait_idle(served.loop)
-    arrivals = list(poisson_arrivals(20.0, 1.0, parse_dist("fixed:16"), parse_dist("fixed:8"),
-                                     seed=1))
+    arrivals = list(
+        poisson_arrivals(20.0, 1.0, parse_dist("fixed:16"), parse_dist("fixed:8"), seed=1)
+    )
     summary = asyncio.run(run_load(served.url, arrivals))
     assert summary["requests"] == summary["ok"] == len(arrivals) > 5
     assert summary["errors"] == 0
@@ -77,8 +81,16 @@ def test_cli_saves_and_replays_a_trace(
     served: Served, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     trace, summary = tmp_path / "t.jsonl", tmp_path / "s.json"
-    args = ["load", "--url", served.url, "--no-progress", "--prompt-len", "fixed:8",
-            "--output-len", "fixed:4"]
+    args = [
+        "load",
+        "--url",
+        served.url,
+        "--no-progress",
+        "--prompt-len",
+        "fixed:8",
+        "--output-len",
+        "fixed:4",
+    ]
     with pytest.raises(SystemExit) as done:
         main([*args, "--rate", "10", "--duration", "0.6", "--save-trace", str(trace)])
     assert done.value.code == 0
@@ -93,7 +105,21 @@ def test_cli_saves_and_replays_a_trace(
 
 def test_cli_reports_errors(served: Served, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as done:
-        main(["load", "--url", served.url, "--no-progress", "--model", "nope", "--rate", "20",
-              "--duration", "0.3", "--seed", "2"])
+        main(
+            [
+                "load",
+                "--url",
+                served.url,
+                "--no-progress",
+                "--model",
+                "nope",
+                "--rate",
+                "20",
+                "--duration",
+                "0.3",
+                "--seed",
+                "2",
+            ]
+        )
     assert done.value.code == 1
     assert "HTTP 404" in capsys.readouterr().out

@@ -5,14 +5,23 @@ from api_servers import MODEL, Served, wait_idle
 from prometheus_client.parser import text_string_to_metric_families
 
 NAMES = [
-    "moescope:num_requests_running", "moescope:num_requests_waiting",
-    "moescope:num_requests_swapped", "moescope:kv_cache_usage_perc",
-    "moescope:prefix_cache_hit_rate", "moescope:prefix_cache_queries_total",
-    "moescope:num_preemptions_total", "moescope:prompt_tokens_total",
-    "moescope:generation_tokens_total", "moescope:num_steps_total",
-    "moescope:time_to_first_token_seconds_count", "moescope:time_per_output_token_seconds_count",
-    "moescope:e2e_request_latency_seconds_count", "moescope:step_duration_seconds_count",
-    "moescope:expert_tokens_total", "moescope:a2a_bytes_total", "moescope:ep_rank_tokens_total",
+    "moescope:num_requests_running",
+    "moescope:num_requests_waiting",
+    "moescope:num_requests_swapped",
+    "moescope:kv_cache_usage_perc",
+    "moescope:prefix_cache_hit_rate",
+    "moescope:prefix_cache_queries_total",
+    "moescope:num_preemptions_total",
+    "moescope:prompt_tokens_total",
+    "moescope:generation_tokens_total",
+    "moescope:num_steps_total",
+    "moescope:time_to_first_token_seconds_count",
+    "moescope:time_per_output_token_seconds_count",
+    "moescope:e2e_request_latency_seconds_count",
+    "moescope:step_duration_seconds_count",
+    "moescope:expert_tokens_total",
+    "moescope:a2a_bytes_total",
+    "moescope:ep_rank_tokens_total",
     "moescope:request_success_total",
 ]
 

@@ -19,8 +19,10 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     traffic(served.loop, 1, 30)
     wait_idle(served.loop)
     recorder = served.server.server.config.app.state.recorder
-    wait_for(lambda: recorder.flush() and recorder.written_steps == served.loop.steps,
-             what="the recording")
+    wait_for(
+        lambda: recorder.flush() and recorder.written_steps == served.loop.steps,
+        what="the recording",
+    )
     yield served
     stop(served)
 
@@ -46,23 +48,40 @@ def test_every_control_answer_names_the_next_step(recorded: Served) -> None:
     assert last >= 20
     with _replay(recorded) as ws:
         assert _recv_step(ws) == 0
-        assert _send(ws, op="pause") == {"session": recorded.loop.engine.session,
-                                         "state": "paused", "speed": 0.0001, "next": 1}
-        assert _send(ws, op="seek", step=12) == {"session": recorded.loop.engine.session,
-                                                 "state": "paused", "speed": 0.0001, "next": 12}
+        assert _send(ws, op="pause") == {
+            "session": recorded.loop.engine.session,
+            "state": "paused",
+            "speed": 0.0001,
+            "next": 1,
+        }
+        assert _send(ws, op="seek", step=12) == {
+            "session": recorded.loop.engine.session,
+            "state": "paused",
+            "speed": 0.0001,
+            "next": 12,
+        }
         assert _send(ws, op="speed", speed=0.0002)["next"] == 12
         assert _send(ws, op="resume")["next"] == 12
         assert _recv_step(ws) == 12  # due at once after the resume
         assert _send(ws, op="seek", step=5)["next"] == 5
         assert _recv_step(ws) == 5
         assert _send(ws, op="seek", step=last + 100) == {
-            "session": recorded.loop.engine.session, "state": "ended", "speed": 0.0002,
-            "next": None}
+            "session": recorded.loop.engine.session,
+            "state": "ended",
+            "speed": 0.0002,
+            "next": None,
+        }
         assert _send(ws, op="seek", step=last) == {
-            "session": recorded.loop.engine.session, "state": "playing", "speed": 0.0002,
-            "next": last}
+            "session": recorded.loop.engine.session,
+            "state": "playing",
+            "speed": 0.0002,
+            "next": last,
+        }
         assert _recv_step(ws) == last
         assert json.loads(ws.recv(timeout=20))["replay"]["state"] == "ended"
         assert _send(ws, op="speed", speed=1) == {
-            "session": recorded.loop.engine.session, "state": "ended", "speed": 1,
-            "next": None}
+            "session": recorded.loop.engine.session,
+            "state": "ended",
+            "speed": 1,
+            "next": None,
+        }

@@ -71,8 +71,10 @@ def test_every_and_fields_filter(served: Served) -> None:
 
 
 def test_bundles_carry_every_step_in_order(served: Served) -> None:
-    with ws_connect(served.ws_url + "?bundle=1&fields=queue") as ws, \
-            ws_connect(served.ws_url + "?fields=queue") as plain:
+    with (
+        ws_connect(served.ws_url + "?bundle=1&fields=queue") as ws,
+        ws_connect(served.ws_url + "?fields=queue") as plain,
+    ):
         traffic(served.loop, 4, 40)
         wait_idle(served.loop)
         bundles = [json.loads(m) for m in _drain_raw(ws)]
@@ -99,8 +101,10 @@ def test_slow_client_drops_for_itself_only(served: Served) -> None:
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 17)  # no autotuning to MBs
     sock.connect(("127.0.0.1", served.server.port))
-    with ws_connect(served.ws_url, sock=sock, max_queue=2, compression=None) as slow, \
-            ws_connect(served.ws_url) as fast:
+    with (
+        ws_connect(served.ws_url, sock=sock, max_queue=2, compression=None) as slow,
+        ws_connect(served.ws_url) as fast,
+    ):
         steps_before = served.loop.steps
         traffic(served.loop, 8, 400)
         msgs = _until_idle(fast)

@@ -19,8 +19,9 @@ def _record(step: int) -> dict[str, Any]:
 
 def _publish_from_a_thread(bus: TelemetryBus, steps: range) -> str:
     """Publish like the engine loop does, on another thread; returns that thread's name."""
-    thread = threading.Thread(target=lambda: [bus.publish(_record(s)) for s in steps],
-                              name="engine")
+    thread = threading.Thread(
+        target=lambda: [bus.publish(_record(s)) for s in steps], name="engine"
+    )
     thread.start()
     thread.join()
     return thread.name
@@ -53,15 +54,14 @@ def test_each_step_is_encoded_once_per_selection_off_the_engine_thread(
         halves = hub.attach(every=2)
         kv = hub.attach(fields=["step", "kv"])
         engine = await asyncio.to_thread(_publish_from_a_thread, bus, range(4))
-        got = [await _take(c, n) for c, n in zip((*full, halves, kv), (4, 4, 4, 2, 4),
-                                                 strict=True)]
+        got = [await _take(c, n) for c, n in zip((*full, halves, kv), (4, 4, 4, 2, 4), strict=True)]
         assert [len(g) for g in got] == [4, 4, 4, 2, 4]
         assert all(a is b for a, b in zip(got[0], got[1], strict=True))  # the same text
         assert all(a is b for a, b in zip(got[0][::2], got[3], strict=True))
         assert [json.loads(t) for t in got[0]] == [
-            {**_record(s), "recorder": {"ok": True}} for s in range(4)]
-        assert [json.loads(t) for t in got[4]] == [{"step": s, "kv": {"used": s}}
-                                                  for s in range(4)]
+            {**_record(s), "recorder": {"ok": True}} for s in range(4)
+        ]
+        assert [json.loads(t) for t in got[4]] == [{"step": s, "kv": {"used": s}} for s in range(4)]
         assert sorted(f is None for f, _ in calls) == [False] * 4 + [True] * 4
         assert engine not in {name for _, name in calls}
         for c in (*full, halves, kv):

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from api_servers import wait_for
 
-from engine.ep_ranks import free_port
+from engine.ep.ranks import free_port
 
 
 @pytest.mark.slow
@@ -18,12 +18,32 @@ def test_torchrun_ranks_serve_with_measured_all_to_all(tmp_path: Path) -> None:
     torchrun = Path(sys.executable).with_name("torchrun")
     log = (tmp_path / "torchrun.log").open("w")
     proc = subprocess.Popen(
-        [str(torchrun), "--nproc-per-node", "2", "--master-port", str(free_port()),
-         "-m", "api.cli", "serve", "--model", "synthetic:tiny", "--port", str(port),
-         "--threads", "1", "--no-record", "--no-metrics", "--kv-blocks", "128"],
-        stdout=log, stderr=subprocess.STDOUT)
+        [
+            str(torchrun),
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port()),
+            "-m",
+            "api.cli",
+            "serve",
+            "--model",
+            "synthetic:tiny",
+            "--port",
+            str(port),
+            "--threads",
+            "1",
+            "--no-record",
+            "--no-metrics",
+            "--kv-blocks",
+            "128",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
+
         def up() -> bool:
             assert proc.poll() is None, (tmp_path / "torchrun.log").read_text()
             try:
@@ -34,8 +54,13 @@ def test_torchrun_ranks_serve_with_measured_all_to_all(tmp_path: Path) -> None:
         wait_for(up, timeout=120, what="rank 0's server")
         experts = httpx.get(base + "/api/experts").json()
         assert experts["ep_size"] == 2 and experts["mode"] == "measured"
-        body = {"model": "synthetic:tiny", "prompt": [5, 6, 7, 8], "max_tokens": 6,
-                "temperature": 0, "ignore_eos": True}
+        body = {
+            "model": "synthetic:tiny",
+            "prompt": [5, 6, 7, 8],
+            "max_tokens": 6,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
         out = httpx.post(base + "/v1/completions", json=body, timeout=60).json()
         assert out["usage"]["completion_tokens"] == 6
         status = httpx.get(base + "/api/status").json()

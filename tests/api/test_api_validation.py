@@ -7,8 +7,12 @@ from api_servers import KV_BLOCKS, MODEL, Served
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 
 CASES = [
-    ("post", "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": "many"},
-     "max_tokens"),
+    (
+        "post",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "x", "max_tokens": "many"},
+        "max_tokens",
+    ),
     ("post", "/v1/completions", {"model": MODEL, "prompt": "x", "temperature": 5}, "temperature"),
     ("post", "/v1/completions", {"model": MODEL, "prompt": "x", "top_p": 0}, "top_p"),
     ("post", "/v1/completions", {"model": MODEL, "prompt": "x", "n": 2}, "n"),
@@ -16,12 +20,15 @@ CASES = [
     ("post", "/v1/completions", {"model": MODEL, "prompt": [1, "a"]}, "prompt"),
     ("post", "/v1/completions", {"model": MODEL, "prompt": "x", "stop": 5}, "stop"),
     ("post", "/v1/completions", {"model": MODEL, "prompt": "x" * 600}, "prompt"),
-    ("post", "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 5000},
-     "max_tokens"),
+    ("post", "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 5000}, "max_tokens"),
     ("post", "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 0}, "max_tokens"),
     ("post", "/v1/completions", {"model": MODEL, "prompt": "x", "stream": "yes"}, "stream"),
-    ("post", "/v1/completions", {"model": MODEL, "prompt": "x", "presence_penalty": 1.0},
-     "presence_penalty"),
+    (
+        "post",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "x", "presence_penalty": 1.0},
+        "presence_penalty",
+    ),
     ("post", "/v1/completions", {"model": MODEL}, "prompt"),
     ("post", "/v1/completions", {"model": MODEL, "prompt": []}, "prompt"),
     ("post", "/v1/completions", [1, 2], "body"),
@@ -31,23 +38,41 @@ CASES = [
     ("post", "/v1/completions", {"model": MODEL, "prompt": "x", "seed": -(2**63) - 1}, "seed"),
     ("post", "/v1/chat/completions", {**CHAT, "stop": ""}, "stop"),
     ("post", "/v1/chat/completions", {**CHAT, "seed": 2**64}, "seed"),
-    ("post", "/v1/chat/completions", {**CHAT, "max_completion_tokens": 10**9},
-     "max_completion_tokens"),
+    (
+        "post",
+        "/v1/chat/completions",
+        {**CHAT, "max_completion_tokens": 10**9},
+        "max_completion_tokens",
+    ),
     ("post", "/v1/chat/completions", {**CHAT, "max_tokens": 10**9}, "max_tokens"),
     ("post", "/v1/chat/completions", {"model": MODEL, "messages": []}, "messages"),
-    ("post", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "wizard",
-                                                                    "content": "hi"}]},
-     "messages[0].role"),
-    ("post", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user",
-                                                                    "content": "hi"}],
-                                      "tools": [{"type": "function"}]}, "tools"),
+    (
+        "post",
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "wizard", "content": "hi"}]},
+        "messages[0].role",
+    ),
+    (
+        "post",
+        "/v1/chat/completions",
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": "function"}],
+        },
+        "tools",
+    ),
     ("patch", "/api/knobs", {"max_num_seqs": 0}, "max_num_seqs"),
     ("patch", "/api/knobs", {"max_num_seqs": "8"}, "max_num_seqs"),
     ("patch", "/api/knobs", {"policy": "random"}, "policy"),
     ("patch", "/api/knobs", {"kv_watermark": 0.9}, "kv_watermark"),
     ("patch", "/api/knobs", {"kv_capacity_blocks": KV_BLOCKS + 1}, "kv_capacity_blocks"),
-    ("patch", "/api/knobs", {"max_num_seqs": 300, "max_num_batched_tokens": 256},
-     "max_num_batched_tokens"),
+    (
+        "patch",
+        "/api/knobs",
+        {"max_num_seqs": 300, "max_num_batched_tokens": 256},
+        "max_num_batched_tokens",
+    ),
     ("patch", "/api/knobs", {"prefill_chunk_size": 512}, "prefill_chunk_size"),
     ("patch", "/api/knobs", {"speed": "fast"}, "speed"),
     ("patch", "/api/knobs", {}, None),
@@ -91,16 +116,19 @@ def test_malformed_json_is_a_422(http: httpx.Client, raw: bytes) -> None:
     assert resp.status_code == 422
 
 
-@pytest.mark.parametrize(("raw", "words"), [
-    (b"[1, 2]", "JSON object, not an array"),
-    (b"null", "JSON object, not null"),
-    (b'"prompt"', "JSON object, not a string"),
-    (b"", "body is empty"),
-    (b"\xff\xfe{}", "not valid UTF-8"),
-    (b'{"model": "\xff"}', "not valid UTF-8"),
-    (b"[" * 20_000 + b"]" * 20_000, "nested too deeply"),
-    (b'{"model": "m", "prompt": "x", "max_tokens": ' + b"9" * 4301 + b"}", "4300 digits"),
-])
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        (b"[1, 2]", "JSON object, not an array"),
+        (b"null", "JSON object, not null"),
+        (b'"prompt"', "JSON object, not a string"),
+        (b"", "body is empty"),
+        (b"\xff\xfe{}", "not valid UTF-8"),
+        (b'{"model": "\xff"}', "not valid UTF-8"),
+        (b"[" * 20_000 + b"]" * 20_000, "nested too deeply"),
+        (b'{"model": "m", "prompt": "x", "max_tokens": ' + b"9" * 4301 + b"}", "4300 digits"),
+    ],
+)
 def test_a_body_that_is_no_json_object_is_a_422_saying_why(
     http: httpx.Client, raw: bytes, words: str
 ) -> None:
@@ -135,16 +163,27 @@ def test_seeds_are_those_the_generator_takes(http: httpx.Client, path: str) -> N
 def test_other_client_errors(http: httpx.Client) -> None:
     resp = http.post("/v1/completions", json={"model": "gpt-4", "prompt": "x"})
     assert resp.status_code == 404 and resp.json()["error"]["param"] == "model"
-    resp = http.post("/v1/completions", content=b"x" * (65 * 1024),
-                     headers={"content-type": "application/json"})
+    resp = http.post(
+        "/v1/completions", content=b"x" * (65 * 1024), headers={"content-type": "application/json"}
+    )
     assert resp.status_code == 413
     assert http.get("/nowhere").status_code == 404
 
 
 def test_openai_fields_that_are_ignored_are_accepted(http: httpx.Client) -> None:
-    body = {"model": MODEL, "prompt": "x", "max_tokens": 2, "user": "u", "n": 1,
-            "frequency_penalty": 0, "logit_bias": {}, "metadata": {"k": "v"}, "echo": False,
-            "best_of": 1, "logprobs": None}
+    body = {
+        "model": MODEL,
+        "prompt": "x",
+        "max_tokens": 2,
+        "user": "u",
+        "n": 1,
+        "frequency_penalty": 0,
+        "logit_bias": {},
+        "metadata": {"k": "v"},
+        "echo": False,
+        "best_of": 1,
+        "logprobs": None,
+    }
     assert http.post("/v1/completions", json=body).status_code == 200
 
 

@@ -17,15 +17,19 @@ import pytest
 import torch
 
 from api.cli import build_parser, main, workload
-from api.load import parse_dist, poisson_arrivals
+from api.loadgen import parse_dist, poisson_arrivals
 from engine import LLM
 
 MOESCOPE = [sys.executable, "-m", "api.cli"]
 ENGINE_TESTS = Path(__file__).parents[1] / "engine"
-NO_CUDA = [] if torch.cuda.is_available() else [
-    (["serve", "--device", "cuda"], "--device: 'cuda': CUDA is not available"),
-    (["generate", "--device", "cuda:0"], "--device: 'cuda:0': CUDA is not available"),
-]
+NO_CUDA = (
+    []
+    if torch.cuda.is_available()
+    else [
+        (["serve", "--device", "cuda"], "--device: 'cuda': CUDA is not available"),
+        (["generate", "--device", "cuda:0"], "--device: 'cuda:0': CUDA is not available"),
+    ]
+)
 
 USAGE_ERRORS = [
     (["load", "--rate", "nan"], "--rate: must be a finite number > 0, got 'nan'"),
@@ -69,8 +73,9 @@ def test_bad_values_are_usage_errors(
 
 
 def test_good_values_still_parse() -> None:
-    args = build_parser().parse_args(["serve", "--port", "65535", "--threads", "1",
-                                      "--log-level", "INFO", "--device", "cpu"])
+    args = build_parser().parse_args(
+        ["serve", "--port", "65535", "--threads", "1", "--log-level", "INFO", "--device", "cpu"]
+    )
     assert (args.port, args.threads, args.log_level, args.device) == (65535, 1, "info", "cpu")
     assert build_parser().parse_args(["serve"]).threads is None
     args = build_parser().parse_args(["load", "--rate", "0.5", "--duration", "0"])
@@ -78,8 +83,12 @@ def test_good_values_still_parse() -> None:
 
 
 def test_nan_rate_exits_at_once_from_the_real_command() -> None:
-    done = subprocess.run([*MOESCOPE, "load", "--url", "http://127.0.0.1:9", "--rate", "nan",
-                           "--duration", "2"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [*MOESCOPE, "load", "--url", "http://127.0.0.1:9", "--rate", "nan", "--duration", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert done.stderr.splitlines()[-1].endswith("must be a finite number > 0, got 'nan'")
 
@@ -87,9 +96,23 @@ def test_nan_rate_exits_at_once_from_the_real_command() -> None:
 def test_sigint_stops_a_command_that_inherited_it_ignored() -> None:
     """As a background job of a non-interactive shell (or the demo's child) would."""
     load = subprocess.Popen(
-        [*MOESCOPE, "load", "--url", "http://127.0.0.1:9", "--model", "m", "--rate", "2",
-         "--duration", "0", "--no-progress"], stdout=subprocess.PIPE, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        [
+            *MOESCOPE,
+            "load",
+            "--url",
+            "http://127.0.0.1:9",
+            "--model",
+            "m",
+            "--rate",
+            "2",
+            "--duration",
+            "0",
+            "--no-progress",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
     try:
         time.sleep(3)
         assert load.poll() is None  # still sending (every request fails: nothing listens)
@@ -117,16 +140,19 @@ def _exit_line(argv: list[str]) -> str:
 def test_trace_errors_name_the_file(tmp_path: Path) -> None:
     missing = tmp_path / "missing.jsonl"
     assert _exit_line(["load", "--trace", str(missing)]) == (
-        f"moescope load: cannot read {missing}: No such file or directory")
+        f"moescope load: cannot read {missing}: No such file or directory"
+    )
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"t": 0.1, "prompt_len": 4, "output_len": 4}\n{"t": 1}\n')
     assert _exit_line(["load", "--trace", str(bad)]) == (
-        f"moescope load: {bad}:2: bad trace line ('prompt_len')")
+        f"moescope load: {bad}:2: bad trace line ('prompt_len')"
+    )
     bad.write_text('{"t": Infinity, "prompt_len": 4, "output_len": 4}\n')
     assert _exit_line(["load", "--trace", str(bad)]).startswith(f"moescope load: {bad}:1: bad")
     out = tmp_path / "no-such-dir" / "t.jsonl"
     assert _exit_line(["load", "--save-trace", str(out), "--duration", "1"]) == (
-        f"moescope load: cannot write {out}: No such file or directory")
+        f"moescope load: cannot write {out}: No such file or directory"
+    )
 
 
 def test_an_error_without_a_message_shows_its_type(capsys: pytest.CaptureFixture[str]) -> None:
@@ -138,17 +164,31 @@ def test_an_error_without_a_message_shows_its_type(capsys: pytest.CaptureFixture
     assert capsys.readouterr().err.strip() == f"moescope load: cannot reach {url}: ReadTimeout"
 
 
-@pytest.mark.parametrize(("model", "message"), [
-    ("/nonexistent/model", "moescope generate: unknown model '/nonexistent/model'"),
-    ("synthetic:huge", "moescope generate: unknown synthetic preset 'huge'"),
-])
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ("/nonexistent/model", "moescope generate: unknown model '/nonexistent/model'"),
+        ("synthetic:huge", "moescope generate: unknown synthetic preset 'huge'"),
+    ],
+)
 def test_generate_engine_errors_are_one_line(model: str, message: str) -> None:
     assert _exit_line(["generate", "--model", model]).startswith(message)
 
 
 def test_generate_with_few_max_tokens(capsys: pytest.CaptureFixture[str]) -> None:
-    main(["generate", "--model", "synthetic:tiny", "--num-prompts", "3", "--max-tokens", "5",
-          "--kv-blocks", "256"])
+    main(
+        [
+            "generate",
+            "--model",
+            "synthetic:tiny",
+            "--num-prompts",
+            "3",
+            "--max-tokens",
+            "5",
+            "--kv-blocks",
+            "256",
+        ]
+    )
     out = capsys.readouterr().out
     assert re.search(r"^requests +3$", out, re.M)
     tokens = int(re.search(r"^output tokens +(\d+)$", out, re.M).group(1))
@@ -173,14 +213,26 @@ def test_generate_prompts_fit_a_short_context(
     assert llm.engine.model_config.max_model_len == 256
     prompts, params = workload(llm, 16, 250, seed=0)
     assert all(len(p) + sp.max_tokens <= 256 for p, sp in zip(prompts, params, strict=True))
-    main(["generate", "--model", str(short_context), "--num-prompts", "16",
-          "--max-tokens", "250", "--kv-blocks", "512"])
+    main(
+        [
+            "generate",
+            "--model",
+            str(short_context),
+            "--num-prompts",
+            "16",
+            "--max-tokens",
+            "250",
+            "--kv-blocks",
+            "512",
+        ]
+    )
     out = capsys.readouterr().out
     expected = sum(sp.max_tokens for sp in params)  # every request got all it asked for
     assert re.search(rf"^output tokens +{expected}$", out, re.M)
     assert _exit_line(["generate", "--model", str(short_context), "--max-tokens", "256"]) == (
         "moescope generate: --max-tokens 256 leaves no room for a prompt in the model's "
-        "context of 256 tokens; use at most 255")
+        "context of 256 tokens; use at most 255"
+    )
 
 
 def test_generate_without_a_tokenizer_uses_token_ids(
@@ -213,18 +265,29 @@ def test_demo_refuses_a_busy_port(busy_flag: str, tmp_path: Path) -> None:
         busy, free = other.getsockname()[1], _free_port()
         ports = {"--port": free, "--dashboard-port": free, busy_flag: busy}
         argv = [arg for flag, port in ports.items() for arg in (flag, str(port))]
-        done = subprocess.run([*MOESCOPE, "demo", "--rate", "1", *argv], capture_output=True,
-                              text=True, timeout=60, cwd=tmp_path)
+        done = subprocess.run(
+            [*MOESCOPE, "demo", "--rate", "1", *argv],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
         assert done.returncode == 1
         assert done.stderr == (
-            f"moescope demo: port {busy} ({busy_flag}) is already in use on 127.0.0.1\n")
+            f"moescope demo: port {busy} ({busy_flag}) is already in use on 127.0.0.1\n"
+        )
         assert not _mentioning(free) and not _mentioning(busy)
 
 
 def test_demo_refuses_one_port_for_both(tmp_path: Path) -> None:
     port = str(_free_port())
-    done = subprocess.run([*MOESCOPE, "demo", "--port", port, "--dashboard-port", port],
-                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    done = subprocess.run(
+        [*MOESCOPE, "demo", "--port", port, "--dashboard-port", port],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert done.returncode == 1
     assert done.stderr == "moescope demo: --port and --dashboard-port must differ\n"
 
@@ -243,18 +306,36 @@ def test_demo_stops_everything_when_a_child_dies(tmp_path: Path) -> None:
     out, err = tmp_path / "out.txt", tmp_path / "err.txt"
     env = {**os.environ, "MOESCOPE_DB": f"sqlite:///{tmp_path / 'demo.db'}"}
     with out.open("w") as stdout, err.open("w") as stderr:
-        demo = subprocess.Popen([*MOESCOPE, "demo", "--rate", "1", "--duration", "300",
-                                 "--ep-size", "1", "--port", str(port), "--dashboard-port",
-                                 str(dash_port)], stdout=stdout, stderr=stderr, cwd=tmp_path,
-                                env=env)
+        demo = subprocess.Popen(
+            [
+                *MOESCOPE,
+                "demo",
+                "--rate",
+                "1",
+                "--duration",
+                "300",
+                "--ep-size",
+                "1",
+                "--port",
+                str(port),
+                "--dashboard-port",
+                str(dash_port),
+            ],
+            stdout=stdout,
+            stderr=stderr,
+            cwd=tmp_path,
+            env=env,
+        )
     try:
         _wait_for(out, "<- open this", demo, 180)
         family = psutil.Process(demo.pid).children(recursive=True)
         dashboard = next(p for p in family if "dashboard" in p.cmdline()[1:3])
         dashboard.send_signal(signal.SIGKILL)
         assert demo.wait(60) == 1
-        assert ("moescope demo: the dashboard stopped unexpectedly (killed by SIGKILL); "
-                "stopping the rest") in err.read_text()
+        assert (
+            "moescope demo: the dashboard stopped unexpectedly (killed by SIGKILL); "
+            "stopping the rest"
+        ) in err.read_text()
         _, alive = psutil.wait_procs(family, timeout=30)
         assert not alive, [p.cmdline() for p in alive]
     finally:

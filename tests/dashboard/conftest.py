@@ -8,9 +8,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "api"))
 
-from api_servers import MODEL, Served, serve, stop  # noqa: E402
+from api_servers import MODEL, Served, serve, stop
 
-from api.settings import ServerSettings  # noqa: E402
+from api.settings import ServerSettings
 
 
 @pytest.fixture(scope="session")
@@ -19,7 +19,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     modeled expert-parallel ranks with skewed routing, so rank loads differ and can be
     rebalanced."""
     db = tmp_path_factory.mktemp("db") / "moescope.db"
-    s = serve(ServerSettings(model_name=MODEL, db_url=f"sqlite:///{db}", record=True),
-              ep_size=2, router_skew=1.5)
+    s = serve(
+        ServerSettings(model_name=MODEL, db_url=f"sqlite:///{db}", record=True),
+        ep_size=2,
+        router_skew=1.5,
+    )
     yield s
     stop(s)

@@ -14,14 +14,16 @@ from playwright.sync_api import Page, expect, sync_playwright
 from dashboard.__main__ import command
 from dashboard.charts import PANELS
 from dashboard.client import get_knobs
-from engine.ep_ranks import free_port
+from engine.ep.ranks import free_port
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 VIEWPORT = {"width": 1600, "height": 3600}  # tall enough that a screenshot shows every panel
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="no /usr/bin/chromium")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="no /usr/bin/chromium"),
+]
 
 
 def _up(url: str) -> bool:
@@ -94,21 +96,29 @@ def _screenshot(page: Page, path: Path) -> None:
 
 
 def _step(page: Page) -> int:
-    text = page.locator('[data-testid="stMetric"]').nth(1).locator(
-        '[data-testid="stMetricValue"]').inner_text()
+    text = (
+        page.locator('[data-testid="stMetric"]')
+        .nth(1)
+        .locator('[data-testid="stMetricValue"]')
+        .inner_text()
+    )
     return int(text) if text.isdigit() else -1
 
 
-def test_live_page_in_a_browser(served: Served, dashboard_url: str, load: Load,
-                                tmp_path: Path) -> None:
+def test_live_page_in_a_browser(
+    served: Served, dashboard_url: str, load: Load, tmp_path: Path
+) -> None:
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         page = browser.new_page(viewport=VIEWPORT)
         page.goto(dashboard_url)
         expect(page.locator(".js-plotly-plot")).to_have_count(len(PANELS), timeout=30_000)
         expect(page.get_by_text("connected", exact=True)).to_be_visible()
-        for title in ("KV blocks per running request", "All-to-all volume per step (modeled)",
-                      "Expert-parallel rank load (placement v"):
+        for title in (
+            "KV blocks per running request",
+            "All-to-all volume per step (modeled)",
+            "Expert-parallel rank load (placement v",
+        ):
             expect(page.get_by_text(title).first).to_be_visible()
         first = _step(page)
         deadline = time.monotonic() + 15
@@ -130,7 +140,8 @@ def test_live_page_in_a_browser(served: Served, dashboard_url: str, load: Load,
         page.get_by_role("spinbutton", name="max_num_batched_tokens").fill("3")
         page.get_by_role("button", name="Apply").click()
         expect(page.get_by_text(f"must be at least max_num_seqs ({new})")).to_be_visible(
-            timeout=10_000)
+            timeout=10_000
+        )
         assert get_knobs(served.url)["knobs"]["max_num_batched_tokens"] != 3
         _screenshot(page, tmp_path / "knobs.png")
 
@@ -140,12 +151,14 @@ def test_live_page_in_a_browser(served: Served, dashboard_url: str, load: Load,
         version = httpx.get(served.url + "/api/experts").json()["version"]
         page.get_by_role("button", name="Rebalance experts").click()
         expect(page.get_by_text(f"placement v{version + 1}: predicted imbalance")).to_be_visible(
-            timeout=10_000)
+            timeout=10_000
+        )
         assert httpx.get(served.url + "/api/experts").json()["version"] == version + 1
         traffic(served.loop, 4, 24)
         wait_idle(served.loop)
         expect(page.get_by_text(f"expert_placement {version}→{version + 1}").first).to_be_visible(
-            timeout=10_000)
+            timeout=10_000
+        )
         expect(page.get_by_text(f"(placement v{version + 1})")).to_be_visible(timeout=10_000)
         _screenshot(page, tmp_path / "rebalance.png")
         print(f"screenshots in {tmp_path}")

@@ -9,8 +9,19 @@ from frames import frame, frames, old_frame
 from dashboard import charts
 from dashboard.window import StepWindow
 
-TIME_SERIES = ("batch", "usage", "kv", "kv_blocks", "queues", "step_time", "imbalance",
-               "a2a_volume", "ranks", "latency", "throughput")
+TIME_SERIES = (
+    "batch",
+    "usage",
+    "kv",
+    "kv_blocks",
+    "queues",
+    "step_time",
+    "imbalance",
+    "a2a_volume",
+    "ranks",
+    "latency",
+    "throughput",
+)
 
 
 def _names(fig) -> list[str]:
@@ -96,8 +107,12 @@ def test_a2a_is_labelled_with_its_mode() -> None:
 
 def test_a2a_volume_is_the_sum_per_step_split_by_mode() -> None:
     fs = frames(4)
-    fs[2]["a2a"] = {**fs[2]["a2a"], "mode": "measured", "bytes": [[0, 1000], [24, 0]],
-                    "gather_bytes": [[0, 0], [0, 0]]}
+    fs[2]["a2a"] = {
+        **fs[2]["a2a"],
+        "mode": "measured",
+        "bytes": [[0, 1000], [24, 0]],
+        "gather_bytes": [[0, 0], [0, 0]],
+    }
     fig = charts.a2a_volume(StepWindow.of(fs))
     measured, modeled, gather = fig.data
     assert measured.name == "measured bytes" and modeled.name == "modeled bytes"
@@ -107,14 +122,21 @@ def test_a2a_volume_is_the_sum_per_step_split_by_mode() -> None:
     assert gather.y[0] == 128 and np.isnan(gather.y[2])
     assert fig.layout.title.text == "All-to-all volume per step (measured and modeled)"
     only_modeled = charts.a2a_volume(StepWindow.of(old_frame(i) for i in range(2)))
-    assert _names(only_modeled) == ["modeled bytes"] and "(modeled)" in \
-        only_modeled.layout.title.text
+    assert (
+        _names(only_modeled) == ["modeled bytes"] and "(modeled)" in only_modeled.layout.title.text
+    )
 
 
 def test_rank_load_bars_and_imbalance_over_time() -> None:
     fs = frames(3)
-    fs[2]["a2a"] = {**fs[2]["a2a"], "mode": "measured", "rank_tokens": [12, 4],
-                    "rank_moe_ms": [0.5, 0.25], "imbalance": 1.5, "placement_version": 2}
+    fs[2]["a2a"] = {
+        **fs[2]["a2a"],
+        "mode": "measured",
+        "rank_tokens": [12, 4],
+        "rank_moe_ms": [0.5, 0.25],
+        "imbalance": 1.5,
+        "placement_version": 2,
+    }
     fig = charts.ranks(StepWindow.of(fs))
     bars, line = fig.data
     assert list(bars.x) == ["rank 0", "rank 1"] and list(bars.y) == [12, 4]
@@ -127,8 +149,12 @@ def test_rank_load_bars_and_imbalance_over_time() -> None:
 
 
 def test_placement_map_shows_each_experts_rank_and_replicas() -> None:
-    info = {"ep_size": 2, "mode": "measured", "version": 3,
-            "placement": [[[0, 1, 2], [2, 3]], [[3, 1], [0, 2]]]}
+    info = {
+        "ep_size": 2,
+        "mode": "measured",
+        "version": 3,
+        "placement": [[[0, 1, 2], [2, 3]], [[3, 1], [0, 2]]],
+    }
     (heat,) = charts.placement_map(info).data
     assert [list(row) for row in heat.z] == [[0, 0, 0, 1], [1, 0, 1, 0]]
     assert [list(row) for row in heat.text] == [["", "", "0+1", ""], ["", "", "", ""]]

@@ -21,11 +21,21 @@ from dashboard.compare import (
 )
 
 
-def _req(arrival: float, finished: float, ttft: float | None, out: int, e2e: float,
-         preempt: int = 0) -> dict[str, Any]:
-    return {"req": "r", "arrival": arrival, "finished_t": finished, "prompt_len": 10,
-            "output_len": out, "max_tokens": out, "ttft_ms": ttft, "e2e_ms": e2e,
-            "finish_reason": "length", "preemptions": preempt}
+def _req(
+    arrival: float, finished: float, ttft: float | None, out: int, e2e: float, preempt: int = 0
+) -> dict[str, Any]:
+    return {
+        "req": "r",
+        "arrival": arrival,
+        "finished_t": finished,
+        "prompt_len": 10,
+        "output_len": out,
+        "max_tokens": out,
+        "ttft_ms": ttft,
+        "e2e_ms": e2e,
+        "finish_reason": "length",
+        "preemptions": preempt,
+    }
 
 
 def test_percentile_matches_linear_interpolation() -> None:
@@ -83,14 +93,24 @@ def with_rerun(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Serve
         wait_idle(served.loop)
         original = served.loop.engine.session
         recorder = served.server.server.config.app.state.recorder
-        wait_for(lambda: recorder.flush() and httpx.get(
-            served.url + f"/api/sessions/{original}/requests").json()["requests"], 20,
-            "the requests to be recorded")
+        wait_for(
+            lambda: (
+                recorder.flush()
+                and httpx.get(served.url + f"/api/sessions/{original}/requests").json()["requests"]
+            ),
+            20,
+            "the requests to be recorded",
+        )
         resp = httpx.post(served.url + f"/api/sessions/{original}/rerun?speed=50")
         assert resp.status_code == 202, resp.text
         new = resp.json()["session"]
-        wait_for(lambda: httpx.get(served.url + f"/api/sessions/{new}").json().get("ended_t")
-                 is not None, 60, "the rerun to finish")
+        wait_for(
+            lambda: (
+                httpx.get(served.url + f"/api/sessions/{new}").json().get("ended_t") is not None
+            ),
+            60,
+            "the rerun to finish",
+        )
         assert recorder.flush()
         yield served, original, new
     finally:
@@ -103,8 +123,7 @@ def _compare_script() -> None:
     compare_page.page()
 
 
-def test_compare_page_shows_an_original_and_its_rerun(
-        with_rerun: tuple[Served, str, str]) -> None:
+def test_compare_page_shows_an_original_and_its_rerun(with_rerun: tuple[Served, str, str]) -> None:
     served, original, rerun = with_rerun
     at = AppTest.from_function(_compare_script, default_timeout=30)
     at.session_state["url"] = served.url

@@ -28,8 +28,13 @@ def test_percentiles_match_numpy_over_the_last_values() -> None:
 def test_rate_counts_the_steps_after_the_windows_first() -> None:
     rate = RollingRate(window=3, width=2)
     times = [0.0, 0.5, 1.0, 2.0, 2.5]
-    counts = [np.array([10.0, 1.0]), np.array([20.0, 2.0]), np.array([30.0, 3.0]),
-              np.array([40.0, 4.0]), np.array([50.0, 5.0])]
+    counts = [
+        np.array([10.0, 1.0]),
+        np.array([20.0, 2.0]),
+        np.array([30.0, 3.0]),
+        np.array([40.0, 4.0]),
+        np.array([50.0, 5.0]),
+    ]
     out = [rate.add(t, c) for t, c in zip(times, counts, strict=True)]
     assert np.isnan(out[0]).all()  # no span yet
     assert out[1] == pytest.approx([40.0, 4.0])  # 20 over 0.5 s

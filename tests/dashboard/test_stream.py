@@ -9,7 +9,7 @@ from api_servers import wait_for
 from websockets.sync.server import Server, ServerConnection, serve
 
 from dashboard.stream import CONNECTED, GONE, RECONNECTING, TelemetryStream
-from engine.ep_ranks import free_port
+from engine.ep.ranks import free_port
 
 
 @contextmanager
@@ -38,8 +38,9 @@ def _server(port: int, first_step: int) -> Iterator[Server]:
 
 def test_buffer_drops_and_reconnect_after_a_server_restart() -> None:
     port = free_port()
-    stream = TelemetryStream(f"ws://127.0.0.1:{port}/ws/telemetry", maxlen=8,
-                             gone_after_s=0.5, max_backoff_s=0.2)
+    stream = TelemetryStream(
+        f"ws://127.0.0.1:{port}/ws/telemetry", maxlen=8, gone_after_s=0.5, max_backoff_s=0.2
+    )
     try:
         with _server(port, 0):
             stream.start()

@@ -78,5 +78,7 @@ def test_an_empty_window_has_an_empty_view() -> None:
 
 def test_helpers() -> None:
     assert blocks(frame(0)) == [(0, "p0", 1, 16), (1, "a", 2, 20), (2, "b", 1, 9)]
-    assert knob_label({"max_num_seqs": [8, 4], "policy": ["fcfs", "priority"]}) == \
-        "max_num_seqs 8→4, policy fcfs→priority"
+    assert (
+        knob_label({"max_num_seqs": [8, 4], "policy": ["fcfs", "priority"]})
+        == "max_num_seqs 8→4, policy fcfs→priority"
+    )

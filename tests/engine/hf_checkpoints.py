@@ -29,37 +29,98 @@ from transformers import (
 
 VOCAB_SIZE = 128
 BOS, EOS, UNK = 0, 1, 2
-WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "to", "park", "and", "saw",
-         "bird", "fly", "over", "tree", "red", "blue", "big", "small"]
+WORDS = [
+    "the",
+    "cat",
+    "sat",
+    "on",
+    "mat",
+    "a",
+    "dog",
+    "ran",
+    "to",
+    "park",
+    "and",
+    "saw",
+    "bird",
+    "fly",
+    "over",
+    "tree",
+    "red",
+    "blue",
+    "big",
+    "small",
+]
 VOCAB = ["<s>", "</s>", "<unk>", *WORDS]
 VOCAB += [f"w{i}" for i in range(VOCAB_SIZE - len(VOCAB))]
 
 COMMON: dict[str, Any] = dict(
-    vocab_size=VOCAB_SIZE, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, num_experts_per_tok=2, max_position_embeddings=256,
-    bos_token_id=BOS, eos_token_id=EOS, pad_token_id=None,
+    vocab_size=VOCAB_SIZE,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    num_experts_per_tok=2,
+    max_position_embeddings=256,
+    bos_token_id=BOS,
+    eos_token_id=EOS,
+    pad_token_id=None,
 )
 
 # name -> (config class, model class, family-specific config)
 SPECS: dict[str, tuple[type[PretrainedConfig], type[PreTrainedModel], dict[str, Any]]] = {
-    "mixtral": (MixtralConfig, MixtralForCausalLM,
-                dict(num_local_experts=4, intermediate_size=48)),
-    "qwen2_moe": (Qwen2MoeConfig, Qwen2MoeForCausalLM,
-                  dict(num_experts=8, moe_intermediate_size=24, intermediate_size=64,
-                       shared_expert_intermediate_size=40, norm_topk_prob=False)),
-    "qwen2_moe_norm": (Qwen2MoeConfig, Qwen2MoeForCausalLM,
-                       dict(num_experts=8, moe_intermediate_size=24, intermediate_size=64,
-                            shared_expert_intermediate_size=40, norm_topk_prob=True,
-                            qkv_bias=False)),
-    "olmoe": (OlmoeConfig, OlmoeForCausalLM,
-              dict(num_experts=8, intermediate_size=24, clip_qkv=1.5, norm_topk_prob=False)),
-    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM,
-                  dict(num_experts=8, moe_intermediate_size=24, intermediate_size=64,
-                       head_dim=16, norm_topk_prob=True)),
-    "qwen3_moe_tied": (Qwen3MoeConfig, Qwen3MoeForCausalLM,
-                       dict(num_experts=4, moe_intermediate_size=24, intermediate_size=64,
-                            norm_topk_prob=False, tie_word_embeddings=True,
-                            attention_bias=True)),
+    "mixtral": (MixtralConfig, MixtralForCausalLM, dict(num_local_experts=4, intermediate_size=48)),
+    "qwen2_moe": (
+        Qwen2MoeConfig,
+        Qwen2MoeForCausalLM,
+        dict(
+            num_experts=8,
+            moe_intermediate_size=24,
+            intermediate_size=64,
+            shared_expert_intermediate_size=40,
+            norm_topk_prob=False,
+        ),
+    ),
+    "qwen2_moe_norm": (
+        Qwen2MoeConfig,
+        Qwen2MoeForCausalLM,
+        dict(
+            num_experts=8,
+            moe_intermediate_size=24,
+            intermediate_size=64,
+            shared_expert_intermediate_size=40,
+            norm_topk_prob=True,
+            qkv_bias=False,
+        ),
+    ),
+    "olmoe": (
+        OlmoeConfig,
+        OlmoeForCausalLM,
+        dict(num_experts=8, intermediate_size=24, clip_qkv=1.5, norm_topk_prob=False),
+    ),
+    "qwen3_moe": (
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+        dict(
+            num_experts=8,
+            moe_intermediate_size=24,
+            intermediate_size=64,
+            head_dim=16,
+            norm_topk_prob=True,
+        ),
+    ),
+    "qwen3_moe_tied": (
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+        dict(
+            num_experts=4,
+            moe_intermediate_size=24,
+            intermediate_size=64,
+            norm_topk_prob=False,
+            tie_word_embeddings=True,
+            attention_bias=True,
+        ),
+    ),
 }
 
 
@@ -122,8 +183,9 @@ def rewrite_tensors(path: Path, edit: Callable[[dict[str, torch.Tensor]], None])
 
 def load_reference(path: Path) -> PreTrainedModel:
     """The checkpoint loaded back by transformers itself, float32, eval mode."""
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                                 attn_implementation="eager")
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager"
+    )
     return model.eval()
 
 

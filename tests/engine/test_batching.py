@@ -33,8 +33,14 @@ def expected(prompts: list[list[int]]) -> list[list[int]]:
 
 
 def test_roomy_cache_with_chunked_prefill_and_prefix_hits(prompts, expected) -> None:
-    engine = LLMEngine(model="synthetic:tiny", num_kv_blocks=256, block_size=4,
-                       prefill_chunk_size=7, max_num_batched_tokens=24, max_num_seqs=6)
+    engine = LLMEngine(
+        model="synthetic:tiny",
+        num_kv_blocks=256,
+        block_size=4,
+        prefill_chunk_size=7,
+        max_num_batched_tokens=24,
+        max_num_seqs=6,
+    )
     outs, tele = run_staggered(engine, prompts, GREEDY)
     got = tokens(outs)
     assert got == expected
@@ -45,9 +51,16 @@ def test_roomy_cache_with_chunked_prefill_and_prefix_hits(prompts, expected) -> 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_tiny_pool_forces_preemption(prompts, expected, mode: str) -> None:
-    engine = LLMEngine(model="synthetic:tiny", num_kv_blocks=14, block_size=4,
-                       num_host_blocks=64, preemption_mode=mode, prefill_chunk_size=8,
-                       max_num_batched_tokens=32, max_num_seqs=8)
+    engine = LLMEngine(
+        model="synthetic:tiny",
+        num_kv_blocks=14,
+        block_size=4,
+        num_host_blocks=64,
+        preemption_mode=mode,
+        prefill_chunk_size=8,
+        max_num_batched_tokens=32,
+        max_num_seqs=8,
+    )
     outs, tele = run_staggered(engine, prompts, GREEDY)
     got = tokens(outs)
     assert got == expected
@@ -59,9 +72,15 @@ def test_tiny_pool_forces_preemption(prompts, expected, mode: str) -> None:
 
 
 def test_swap_falls_back_to_recompute_without_host_space(prompts, expected) -> None:
-    engine = LLMEngine(model="synthetic:tiny", num_kv_blocks=14, block_size=4,
-                       num_host_blocks=0, preemption_mode="swap", max_num_seqs=8,
-                       max_num_batched_tokens=32)
+    engine = LLMEngine(
+        model="synthetic:tiny",
+        num_kv_blocks=14,
+        block_size=4,
+        num_host_blocks=0,
+        preemption_mode="swap",
+        max_num_seqs=8,
+        max_num_batched_tokens=32,
+    )
     outs, tele = run_staggered(engine, prompts, GREEDY)
     got = tokens(outs)
     assert got == expected
@@ -70,17 +89,27 @@ def test_swap_falls_back_to_recompute_without_host_space(prompts, expected) -> N
 
 @pytest.mark.parametrize("policy", ["priority", "shortest_first"])
 def test_policies_keep_outputs(prompts, expected, policy: str) -> None:
-    engine = LLMEngine(model="synthetic:tiny", num_kv_blocks=20, block_size=4, policy=policy,
-                       max_num_seqs=4, max_num_batched_tokens=16, prefill_chunk_size=16)
+    engine = LLMEngine(
+        model="synthetic:tiny",
+        num_kv_blocks=20,
+        block_size=4,
+        policy=policy,
+        max_num_seqs=4,
+        max_num_batched_tokens=16,
+        prefill_chunk_size=16,
+    )
     got = tokens(run_staggered(engine, prompts, GREEDY)[0])
     assert got == expected
 
 
 def test_static_batching_holds_slots_until_the_batch_ends(prompts, expected) -> None:
-    engine = LLMEngine(model="synthetic:tiny", num_kv_blocks=256, block_size=4,
-                       batching="static", max_num_seqs=4)
-    params = [SamplingParams(max_tokens=3 + 3 * (i % 4), temperature=0.0, ignore_eos=True)
-              for i in range(8)]
+    engine = LLMEngine(
+        model="synthetic:tiny", num_kv_blocks=256, block_size=4, batching="static", max_num_seqs=4
+    )
+    params = [
+        SamplingParams(max_tokens=3 + 3 * (i % 4), temperature=0.0, ignore_eos=True)
+        for i in range(8)
+    ]
     ids = [engine.add_request(p, sp) for p, sp in zip(prompts[:8], params, strict=True)]
     members: list[set[str]] = []
     while engine.has_unfinished():
@@ -93,8 +122,9 @@ def test_static_batching_holds_slots_until_the_batch_ends(prompts, expected) -> 
 def test_continuous_batch_refills_freed_slots(prompts) -> None:
     engine = LLMEngine(model="synthetic:tiny", num_kv_blocks=256, block_size=4, max_num_seqs=4)
     for i, p in enumerate(prompts[:8]):
-        engine.add_request(p, SamplingParams(max_tokens=2 + 4 * (i % 2), temperature=0.0,
-                                             ignore_eos=True))
+        engine.add_request(
+            p, SamplingParams(max_tokens=2 + 4 * (i % 2), temperature=0.0, ignore_eos=True)
+        )
     live, occupancy, expected = 8, [], []
     while engine.has_unfinished():
         tele = engine.step().telemetry
@@ -155,15 +185,18 @@ def test_automatic_ids_skip_ids_a_caller_took() -> None:
     assert set(engine.requests) == {first, *auto}
 
 
-@pytest.mark.parametrize("args, words", [
-    ({"model": "synthetic:nope"}, "unknown synthetic preset"),
-    ({"model": "/no/such/dir"}, "unknown model"),
-    ({"model": "synthetic:tiny", "dtype": "int8"}, "dtype"),
-    ({"model": "synthetic:tiny", "bogus": 1}, "bogus"),
-    ({"model": "synthetic:tiny", "ep_size": 3}, "ep_size"),
-    ({"model": "synthetic:tiny", "router_skew": float("nan")}, "router_skew"),
-    ({"model": "synthetic:tiny", "router_skew": float("inf")}, "router_skew"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        ({"model": "synthetic:nope"}, "unknown synthetic preset"),
+        ({"model": "/no/such/dir"}, "unknown model"),
+        ({"model": "synthetic:tiny", "dtype": "int8"}, "dtype"),
+        ({"model": "synthetic:tiny", "bogus": 1}, "bogus"),
+        ({"model": "synthetic:tiny", "ep_size": 3}, "ep_size"),
+        ({"model": "synthetic:tiny", "router_skew": float("nan")}, "router_skew"),
+        ({"model": "synthetic:tiny", "router_skew": float("inf")}, "router_skew"),
+    ],
+)
 def test_bad_engine_arguments(args: dict, words: str) -> None:
     with pytest.raises(ValueError, match=words):
         LLMEngine(**args)

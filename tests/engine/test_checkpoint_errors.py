@@ -55,10 +55,18 @@ def _truncate(path: Path) -> None:
 SHAPES: list[tuple[str, torch.Tensor, str, str]] = [
     ("model.embed_tokens.weight", torch.zeros(1, 32), "[128, 32]", "[1, 32]"),
     ("model.layers.0.input_layernorm.weight", torch.tensor(1.0), "[32]", "[]"),
-    ("model.layers.0.block_sparse_moe.experts.0.w1.weight", torch.zeros(1, 32), "[48, 32]",
-     "[1, 32]"),
-    ("model.layers.1.block_sparse_moe.experts.3.w2.weight", torch.zeros(48, 32), "[32, 48]",
-     "[48, 32]"),
+    (
+        "model.layers.0.block_sparse_moe.experts.0.w1.weight",
+        torch.zeros(1, 32),
+        "[48, 32]",
+        "[1, 32]",
+    ),
+    (
+        "model.layers.1.block_sparse_moe.experts.3.w2.weight",
+        torch.zeros(48, 32),
+        "[32, 48]",
+        "[48, 32]",
+    ),
     ("model.layers.1.self_attn.q_proj.weight", torch.zeros(5, 7), "[32, 32]", "[5, 7]"),
 ]
 
@@ -80,57 +88,84 @@ MALFORMED: dict[str, tuple[Damage, list[str]]] = {
     # tensors
     "expert index": (
         _set_tensor("model.layers.0.block_sparse_moe.experts.4.w1.weight", torch.zeros(48, 32)),
-        ["unexpected tensor", "experts.4.w1", "model.safetensors", "4 experts"]),
+        ["unexpected tensor", "experts.4.w1", "model.safetensors", "4 experts"],
+    ),
     "layer index of an expert": (
         _set_tensor("model.layers.2.block_sparse_moe.experts.0.w3.weight", torch.zeros(48, 32)),
-        ["unexpected tensor", "layers.2.block_sparse_moe", "2 layers"]),
-    "layer index": (_set_tensor("model.layers.2.input_layernorm.weight", torch.ones(32)),
-                    ["unexpected tensor", "layers.2.input_layernorm"]),
-    "integer dtype": (_set_tensor("model.norm.weight", torch.ones(32, dtype=torch.int64)),
-                      ["'model.norm.weight'", "torch.int64"]),
+        ["unexpected tensor", "layers.2.block_sparse_moe", "2 layers"],
+    ),
+    "layer index": (
+        _set_tensor("model.layers.2.input_layernorm.weight", torch.ones(32)),
+        ["unexpected tensor", "layers.2.input_layernorm"],
+    ),
+    "integer dtype": (
+        _set_tensor("model.norm.weight", torch.ones(32, dtype=torch.int64)),
+        ["'model.norm.weight'", "torch.int64"],
+    ),
     # files
-    "invalid json": (_write("config.json", b'{"model_type": "mixtral",'),
-                     ["config.json", "not valid JSON"]),
+    "invalid json": (
+        _write("config.json", b'{"model_type": "mixtral",'),
+        ["config.json", "not valid JSON"],
+    ),
     "json list": (_write("config.json", b"[1, 2]"), ["config.json", "JSON object", "list"]),
     "not utf-8": (_write("config.json", b"\xff\xfe"), ["config.json", "not valid JSON"]),
     "empty safetensors": (_write("model.safetensors", b""), ["model.safetensors", "cannot read"]),
     "truncated safetensors": (_truncate, ["model.safetensors", "cannot read"]),
-    "empty tokenizer": (_write("tokenizer.json", b"{}"),
-                        ["tokenizer.json", "cannot read", "Model missing"]),
+    "empty tokenizer": (
+        _write("tokenizer.json", b"{}"),
+        ["tokenizer.json", "cannot read", "Model missing"],
+    ),
     # config fields
-    "missing heads": (_set_config(num_attention_heads=DELETE),
-                      ["config.json", "'num_attention_heads'"]),
+    "missing heads": (
+        _set_config(num_attention_heads=DELETE),
+        ["config.json", "'num_attention_heads'"],
+    ),
     "missing experts": (_set_config(num_local_experts=DELETE), ["config.json", "'num_experts'"]),
-    "zero layers": (_set_config(num_hidden_layers=0),
-                    ["'num_hidden_layers'", "at least 1", "got 0"]),
+    "zero layers": (
+        _set_config(num_hidden_layers=0),
+        ["'num_hidden_layers'", "at least 1", "got 0"],
+    ),
     "negative hidden": (_set_config(hidden_size=-32), ["'hidden_size'", "at least 1"]),
     "zero expert width": (_set_config(intermediate_size=0), ["'intermediate_size'", "at least 1"]),
     "zero experts": (_set_config(num_local_experts=0), ["'num_local_experts'", "at least 1"]),
-    "string vocab": (_set_config(vocab_size="128"),
-                     ["config.json", "'vocab_size'", "must be int", "'128'"]),
+    "string vocab": (
+        _set_config(vocab_size="128"),
+        ["config.json", "'vocab_size'", "must be int", "'128'"],
+    ),
     "bool vocab": (_set_config(vocab_size=True), ["'vocab_size'", "must be int"]),
     "float layers": (_set_config(num_hidden_layers=2.0), ["'num_hidden_layers'", "must be int"]),
     "string eps": (_set_config(rms_norm_eps="1e-5"), ["'rms_norm_eps'", "must be int or float"]),
     "zero eps": (_set_config(rms_norm_eps=0), ["'rms_norm_eps'", "positive"]),
-    "string flag": (_set_config(tie_word_embeddings="false"),
-                    ["'tie_word_embeddings'", "must be bool"]),
+    "string flag": (
+        _set_config(tie_word_embeddings="false"),
+        ["'tie_word_embeddings'", "must be bool"],
+    ),
     "string eos": (_set_config(eos_token_id=["1"]), ["'eos_token_id'", "list of ints"]),
     "string rope": (_set_config(rope_parameters="default"), ["'rope_parameters'", "must be dict"]),
-    "string theta": (_set_config(rope_parameters={"rope_type": "default", "rope_theta": "1e6"}),
-                     ["'rope_theta'", "must be int or float"]),
+    "string theta": (
+        _set_config(rope_parameters={"rope_type": "default", "rope_theta": "1e6"}),
+        ["'rope_theta'", "must be int or float"],
+    ),
     "heads not dividing hidden": (
         _set_config(num_attention_heads=6, num_key_value_heads=2),
-        ["hidden_size (32)", "num_attention_heads (6)", "head_dim is not given"]),
-    "kv heads not dividing heads": (_set_config(num_key_value_heads=3),
-                                    ["num_attention_heads (4)", "num_key_value_heads (3)"]),
-    "top k over experts": (_set_config(num_experts_per_tok=5),
-                           ["config.json", "num_experts_per_tok (5)", "num_local_experts (4)"]),
+        ["hidden_size (32)", "num_attention_heads (6)", "head_dim is not given"],
+    ),
+    "kv heads not dividing heads": (
+        _set_config(num_key_value_heads=3),
+        ["num_attention_heads (4)", "num_key_value_heads (3)"],
+    ),
+    "top k over experts": (
+        _set_config(num_experts_per_tok=5),
+        ["config.json", "num_experts_per_tok (5)", "num_local_experts (4)"],
+    ),
     "rope_scaling beside rope_parameters": (
         _set_config(rope_scaling={"rope_type": "yarn", "factor": 4.0}),
-        ["unsupported rope scaling 'yarn'", "'rope_scaling'"]),
+        ["unsupported rope scaling 'yarn'", "'rope_scaling'"],
+    ),
     "legacy rope_scaling": (
         _set_config(rope_scaling={"type": "linear", "factor": 2.0}, rope_parameters=DELETE),
-        ["'linear'", "'rope_scaling'"]),
+        ["'linear'", "'rope_scaling'"],
+    ),
 }
 
 

@@ -11,8 +11,11 @@ def test_quick_run_writes_the_section(tmp_path: Path) -> None:
     results = tmp_path / "RESULTS.md"
     results.write_text("# Benchmark results\n\nkept\n")
     section = bench.main(["--quick", "--results", str(results)])
-    rows = [line for line in section.splitlines() if line.startswith("| 1 process")
-            or line.startswith("| 2 ranks")]
+    rows = [
+        line
+        for line in section.splitlines()
+        if line.startswith("| 1 process") or line.startswith("| 2 ranks")
+    ]
     assert len(rows) == 4
     cells = [[cell.strip().replace(",", "") for cell in row.split("|")] for row in rows]
     a2a, gather, imbalance = ([float(c[i]) for c in cells] for i in (5, 6, 7))

@@ -15,8 +15,15 @@ from engine.loop import EngineDead, EngineLoop
 pytestmark = pytest.mark.slow
 
 PARAMS = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, logprobs=4)
-ARGS = dict(model="synthetic:tiny", num_kv_blocks=64, block_size=4, prefill_chunk_size=8,
-            max_num_batched_tokens=32, max_num_seqs=8, router_skew=1.5)
+ARGS = dict(
+    model="synthetic:tiny",
+    num_kv_blocks=64,
+    block_size=4,
+    prefill_chunk_size=8,
+    max_num_batched_tokens=32,
+    max_num_seqs=8,
+    router_skew=1.5,
+)
 
 
 @pytest.fixture(scope="module")
@@ -76,11 +83,14 @@ def test_measured_bytes_equal_the_modeled_figure(ep_run, reference) -> None:
 
 
 def test_swap_preemption_and_capacity_drops_match(ranks2, ep_run) -> None:
-    knobs = {"kv_capacity_blocks": 14, "preemption_mode": "swap", "expert_capacity_factor": 0.75,
-             "eplb_replicas": 0}
+    knobs = {
+        "kv_capacity_blocks": 14,
+        "preemption_mode": "swap",
+        "expert_capacity_factor": 0.75,
+        "eplb_replicas": 0,
+    }
     fresh = make_prompts(10, seed=7)
-    want, want_tele = run_staggered(LLMEngine(**ARGS, num_host_blocks=64, **knobs), fresh,
-                                    PARAMS)
+    want, want_tele = run_staggered(LLMEngine(**ARGS, num_host_blocks=64, **knobs), fresh, PARAMS)
     ranks2.update_knobs(**knobs)
     got, tele = run_staggered(ranks2, fresh, PARAMS)
     _assert_same_outputs(got, want)
@@ -96,14 +106,18 @@ def test_rebalance_keeps_outputs_and_lowers_rank_imbalance(ranks2) -> None:
     assert summary["imbalance_after"] < summary["imbalance_before"]
     assert summary["moved_bytes"] > 0
     assert ranks2.knob_changes[-1].changes["expert_placement"] == [
-        summary["placement_version"] - 1, summary["placement_version"]]
+        summary["placement_version"] - 1,
+        summary["placement_version"],
+    ]
     fresh = make_prompts(12, seed=6)
     got, tele = run_staggered(ranks2, fresh, PARAMS)
     single = LLMEngine(ep_size=2, **ARGS)
     want, before = run_staggered(single, fresh, PARAMS)
     _assert_same_outputs(got, want)
-    assert tele[0]["knob_changes"][-1]["changes"]["expert_placement"][1] == \
-        summary["placement_version"]
+    assert (
+        tele[0]["knob_changes"][-1]["changes"]["expert_placement"][1]
+        == summary["placement_version"]
+    )
     assert {t["a2a"]["placement_version"] for t in tele} == {summary["placement_version"]}
 
     def busiest(steps: list[dict]) -> float:
@@ -166,12 +180,15 @@ def test_offline_llm_with_ranks_closes_them(prompts) -> None:
 
 
 def test_a_script_without_a_main_guard_can_start_ranks() -> None:
-    """Ranks run `python -m engine.ep_worker`, never the caller's script."""
-    script = ("from engine import LLM, SamplingParams\n"
-              "with LLM(ep_size=2, ep_distributed=True, num_kv_blocks=64) as llm:\n"
-              "    out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3), use_tqdm=False)\n"
-              "print('tokens', len(out[0].token_ids))\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120)
+    """Ranks run `python -m engine.ep.worker`, never the caller's script."""
+    script = (
+        "from engine import LLM, SamplingParams\n"
+        "with LLM(ep_size=2, ep_distributed=True, num_kv_blocks=64) as llm:\n"
+        "    out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3), use_tqdm=False)\n"
+        "print('tokens', len(out[0].token_ids))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "tokens 3"

@@ -92,8 +92,7 @@ class LogitRecorder:
         def recording_forward(inp: ModelInput) -> ForwardResult:
             logits = self._all_logits(inp)
             result = forward(inp)
-            torch.testing.assert_close(result.logits, logits[inp.sample_rows],
-                                       atol=1e-5, rtol=0)
+            torch.testing.assert_close(result.logits, logits[inp.sample_rows], atol=1e-5, rtol=0)
             return result
 
         return recording_forward
@@ -104,8 +103,9 @@ class LogitRecorder:
         ctx = dataclasses.replace(inp.ctx, expert_counts=[], expert_dropped=[])
         logits = model.compute_logits(model(inp.input_ids, inp.positions, ctx))
         assert self._sched is not None
-        chunks = [Chunk(c.req.request_id, c.start, c.num_tokens, c.is_prefill)
-                  for c in self._sched.chunks]
+        chunks = [
+            Chunk(c.req.request_id, c.start, c.num_tokens, c.is_prefill) for c in self._sched.chunks
+        ]
         row = 0
         for c in chunks:
             per_pos = self.rows.setdefault(c.req, {})
@@ -170,8 +170,9 @@ GREEDY = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
 @pytest.mark.parametrize("name", FAMILIES)
 def test_prefill_and_decode_match_transformers(checkpoints: dict[str, Path], name: str) -> None:
     """Whole prompts in one step (7, 13 and 21 tokens, block size 16), then batched decodes."""
-    engine, rec = _engine(checkpoints[name], block_size=16, prefill_chunk_size=0,
-                          max_num_batched_tokens=256)
+    engine, rec = _engine(
+        checkpoints[name], block_size=16, prefill_chunk_size=0, max_num_batched_tokens=256
+    )
     prompts = _prompts([7, 13, 21], seed=len(name))
     outputs = _run(engine, [(0, p) for p in prompts], GREEDY)
     first = rec.steps[0]
@@ -189,8 +190,14 @@ def test_chunked_mixed_batches_match_transformers(checkpoints: dict[str, Path], 
     The last request shares two full blocks with an earlier one and reads them from the
     prefix cache, so its attention runs over KV another request wrote.
     """
-    engine, rec = _engine(checkpoints[name], block_size=4, prefill_chunk_size=5,
-                          max_num_batched_tokens=8, max_num_seqs=4, enable_prefix_caching=True)
+    engine, rec = _engine(
+        checkpoints[name],
+        block_size=4,
+        prefill_chunk_size=5,
+        max_num_batched_tokens=8,
+        max_num_seqs=4,
+        enable_prefix_caching=True,
+    )
     a, b, c, d = _prompts([7, 11, 6, 3], seed=len(name))
     shared = b[:8] + _prompts([5], seed=99)[0]  # two full blocks in common with b
     arrivals = [(0, a), (2, b), (3, c), (3, d), (9, shared)]
@@ -209,8 +216,13 @@ def test_moe_loop_backend_matches_transformers(
     checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MOESCOPE_MOE_BACKEND", "loop")
-    engine, rec = _engine(checkpoints["qwen2_moe"], block_size=4, prefill_chunk_size=5,
-                          max_num_batched_tokens=8, max_num_seqs=4)
+    engine, rec = _engine(
+        checkpoints["qwen2_moe"],
+        block_size=4,
+        prefill_chunk_size=5,
+        max_num_batched_tokens=8,
+        max_num_seqs=4,
+    )
     outputs = _run(engine, [(0, p) for p in _prompts([9, 2], seed=5)], GREEDY)
     _assert_matches_reference(_reference(checkpoints["qwen2_moe"]), rec, outputs, block=4)
 
@@ -248,8 +260,11 @@ def test_unsupported_config_is_refused(
     [
         ("mixtral", "model.layers.1.block_sparse_moe.experts.2.w3.weight", "layers.1.experts.2.up"),
         ("qwen3_moe", "model.layers.0.mlp.experts.7.down_proj.weight", "layers.0.experts.7.down"),
-        ("qwen2_moe", "model.layers.1.mlp.shared_expert_gate.weight",
-         "layers.1.mlp.shared_expert_gate.weight"),
+        (
+            "qwen2_moe",
+            "model.layers.1.mlp.shared_expert_gate.weight",
+            "layers.1.mlp.shared_expert_gate.weight",
+        ),
     ],
 )
 def test_missing_tensor_is_named(
@@ -308,9 +323,16 @@ def test_text_prompt_round_trip(checkpoints: dict[str, Path]) -> None:
 def test_expert_parallel_matches_transformers(checkpoints: dict[str, Path], name: str) -> None:
     """Experts sharded over 2 real ranks: log-probabilities of every generated position and
     the greedy tokens still follow transformers (shared experts included)."""
-    engine = LLMEngine(model=str(checkpoints[name]), num_kv_blocks=64, block_size=4,
-                       prefill_chunk_size=8, max_num_batched_tokens=24, max_num_seqs=8, ep_size=2,
-                       ep_distributed=True)
+    engine = LLMEngine(
+        model=str(checkpoints[name]),
+        num_kv_blocks=64,
+        block_size=4,
+        prefill_chunk_size=8,
+        max_num_batched_tokens=24,
+        max_num_seqs=8,
+        ep_size=2,
+        ep_distributed=True,
+    )
     params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, logprobs=3)
     try:
         prompts = _prompts([7, 13, 21], seed=len(name) + 1)

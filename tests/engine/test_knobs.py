@@ -12,8 +12,9 @@ BLOCK_SIZE = 4
 
 
 def make_engine() -> LLMEngine:
-    return LLMEngine(model="synthetic:tiny", num_kv_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE,
-                     num_host_blocks=8)
+    return LLMEngine(
+        model="synthetic:tiny", num_kv_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, num_host_blocks=8
+    )
 
 
 def prompt(n: int) -> list[int]:
@@ -48,8 +49,10 @@ BAD_CHANGES: list[tuple[dict[str, Any], str]] = [
     ({"max_batch": 8}, "max_batch"),
     ({"prefill_chunk_size": 4096}, "prefill_chunk_size"),
     ({"max_num_batched_tokens": 256}, "prefill_chunk_size"),
-    ({"max_num_seqs": 128, "max_num_batched_tokens": 100, "prefill_chunk_size": 64},
-     "max_num_batched_tokens"),
+    (
+        {"max_num_seqs": 128, "max_num_batched_tokens": 100, "prefill_chunk_size": 64},
+        "max_num_batched_tokens",
+    ),
     ({"prefill_chunk_size": 0, "max_num_batched_tokens": 512}, "prefill_chunk_size"),
 ]
 
@@ -76,7 +79,9 @@ def test_refusals_check_every_bad_field_in_one_change() -> None:
     with pytest.raises(pydantic.ValidationError) as info:
         Knobs(max_num_seqs=0, policy="lifo", kv_watermark=2.0)
     assert {e["loc"] for e in info.value.errors()} == {
-        ("max_num_seqs",), ("policy",), ("kv_watermark",)
+        ("max_num_seqs",),
+        ("policy",),
+        ("kv_watermark",),
     }
 
 
@@ -109,8 +114,13 @@ def test_good_change_applies_at_the_next_step() -> None:
     assert first.batch.max_slots == 64
     assert {s.req for s in first.batch.slots} == set(ids)
 
-    version = engine.update_knobs(origin="dashboard", max_num_seqs=2, max_num_batched_tokens=16,
-                                  prefill_chunk_size=8, policy="shortest_first")
+    version = engine.update_knobs(
+        origin="dashboard",
+        max_num_seqs=2,
+        max_num_batched_tokens=16,
+        prefill_chunk_size=8,
+        policy="shortest_first",
+    )
     assert version == 2
     assert engine.knobs.max_num_seqs == 64  # not before the step boundary
 

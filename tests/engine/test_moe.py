@@ -87,9 +87,17 @@ def test_grouped_with_no_tokens() -> None:
 
 def moe_config(shared: int = 0, renormalize: bool = True) -> ModelConfig:
     return ModelConfig(
-        family="qwen2_moe" if shared else "mixtral", vocab_size=32, hidden_size=HIDDEN,
-        num_layers=1, num_heads=2, num_kv_heads=1, head_dim=12, moe_intermediate_size=INTER,
-        num_experts=EXPERTS, top_k=2, norm_topk_prob=renormalize,
+        family="qwen2_moe" if shared else "mixtral",
+        vocab_size=32,
+        hidden_size=HIDDEN,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=12,
+        moe_intermediate_size=INTER,
+        num_experts=EXPERTS,
+        top_k=2,
+        norm_topk_prob=renormalize,
         shared_expert_intermediate_size=shared,
     )
 
@@ -106,7 +114,9 @@ def moe_block(cfg: ModelConfig, seed: int) -> MoEBlock:
 
 def context(num_tokens: int, capacity_factor: float | None = None) -> ForwardContext:
     return ForwardContext(
-        slot_mapping=torch.empty(0, dtype=torch.long), prefills=[], decodes=[],
+        kv_index=torch.empty(0, dtype=torch.long),
+        prefills=[],
+        decodes=[],
         token_rank=torch.zeros(num_tokens, dtype=torch.long),
         expert_capacity_factor=capacity_factor,
     )
@@ -156,8 +166,9 @@ def random_experts(num_tokens: int, top_k: int, seed: int) -> torch.Tensor:
     """Distinct experts per token, skewed so some experts overflow and one stays empty."""
     gen = torch.Generator().manual_seed(seed)
     popularity = torch.tensor([8.0, 4.0, 2.0, 1.0, 0.0])
-    return torch.stack([torch.multinomial(popularity, top_k, generator=gen)
-                        for _ in range(num_tokens)])
+    return torch.stack(
+        [torch.multinomial(popularity, top_k, generator=gen) for _ in range(num_tokens)]
+    )
 
 
 def test_group_by_expert_dropless() -> None:

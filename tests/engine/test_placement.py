@@ -5,13 +5,13 @@ import torch
 from workloads import make_prompts, run_staggered, tokens
 
 from engine import LLMEngine, SamplingParams
-from engine.eplb import pack, predicted_imbalance, rebalance, replica_counts
-from engine.parallel import LayerPlacement, Placement, a2a_bytes, gather_bytes, imbalance
+from engine.ep.placement import LayerPlacement, Placement, a2a_bytes, gather_bytes, imbalance
+from engine.ep.rebalance import pack, predicted_imbalance, rebalance, replica_counts
 
 
 def test_contiguous_placement_splits_experts_and_rows_evenly() -> None:
     p = Placement.contiguous(num_layers=2, num_experts=8, ep_size=4)
-    assert p.slots()[1] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert p.hosted()[1] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert p.token_ranks(10).tolist() == [0, 0, 0, 1, 1, 2, 2, 2, 3, 3]
     ranges = [p.row_range(r, 10) for r in range(4)]
     assert ranges == [(0, 3), (3, 5), (5, 8), (8, 10)]
@@ -100,26 +100,28 @@ def test_auto_rebalance_every_n_steps_keeps_outputs() -> None:
     assert tokens(got) == tokens(run_staggered(LLMEngine(**args), batch, params, per_step=2)[0])
     auto = [c for t in tele for c in t["knob_changes"] if c["origin"] == "auto"]
     assert 1 <= len(auto) <= (len(tele) - 1) // 4  # a plan predicted no better is not applied
-    assert all(after < before for before, after in
-               (c["changes"]["predicted_imbalance"] for c in auto))
+    assert all(
+        after < before for before, after in (c["changes"]["predicted_imbalance"] for c in auto)
+    )
     assert [c["changes"]["expert_placement"][1] for c in auto] == list(range(2, len(auto) + 2))
     assert tele[-1]["a2a"]["placement_version"] == len(auto) + 1
     assert tele[0]["a2a"]["imbalance"] > 1.3 > max(t["a2a"]["imbalance"] for t in tele[6:])
 
 
 def test_automatic_rebalancing_skips_a_plan_predicted_no_better(
-    monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import engine.engine as engine_module
 
     monkeypatch.setattr(engine_module, "rebalance", lambda loads, old, replicas: old)
-    engine = LLMEngine(model="synthetic:tiny", ep_size=2, eplb_interval_steps=2,
-                       router_skew=1.5)
+    engine = LLMEngine(model="synthetic:tiny", ep_size=2, eplb_interval_steps=2, router_skew=1.5)
     engine.add_request(list(range(3, 20)), SamplingParams(max_tokens=8, ignore_eos=True))
     changes = [c for _ in range(8) for c in engine.step().telemetry.knob_changes]
     assert changes == [] and engine.placement.version == 1
-    assert engine.rebalance(window=8)["imbalance_after"] == \
-        engine.knob_changes[-1].changes["predicted_imbalance"][0]  # asked for: applied
+    assert (
+        engine.rebalance(window=8)["imbalance_after"]
+        == engine.knob_changes[-1].changes["predicted_imbalance"][0]
+    )  # asked for: applied
 
 
 def test_rebalance_knobs_are_validated_against_the_engine() -> None:

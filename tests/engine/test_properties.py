@@ -41,24 +41,24 @@ PROMPTS = st.builds(
     st.lists(st.sampled_from(WORDS), max_size=6),
     st.lists(st.integers(0, 255), max_size=8),
 )
-ADD = st.tuples(
-    st.just("add"), PROMPTS, st.integers(1, 16), st.integers(0, 3), st.booleans()
-)
+ADD = st.tuples(st.just("add"), PROMPTS, st.integers(1, 16), st.integers(0, 3), st.booleans())
 ABORT = st.tuples(st.just("abort"), st.integers(0, 20))
 KNOBS = st.tuples(st.just("knobs"), KNOB_CHANGES)
 ACTION = st.one_of(ADD, ADD, ADD, ABORT, KNOBS)  # mostly arrivals, so the KV cache fills up
 BURST = st.lists(ADD, min_size=2, max_size=8)  # arrivals before the first step
 SCRIPT = st.lists(st.lists(ACTION, max_size=3), min_size=4, max_size=24)
-ENGINE_ARGS = st.fixed_dictionaries({
-    "num_kv_blocks": st.integers(14, 32),
-    "num_host_blocks": st.sampled_from([0, 16, 64]),
-    "enable_prefix_caching": st.booleans(),
-    "max_num_seqs": st.integers(1, 6),
-    "max_num_batched_tokens": st.sampled_from([8, 16, 64]),
-    "prefill_chunk_size": st.sampled_from([4, 8]),
-    "preemption_mode": st.sampled_from(["recompute", "swap"]),
-    "kv_watermark": st.sampled_from([0.0, 0.1]),
-})
+ENGINE_ARGS = st.fixed_dictionaries(
+    {
+        "num_kv_blocks": st.integers(14, 32),
+        "num_host_blocks": st.sampled_from([0, 16, 64]),
+        "enable_prefix_caching": st.booleans(),
+        "max_num_seqs": st.integers(1, 6),
+        "max_num_batched_tokens": st.sampled_from([8, 16, 64]),
+        "prefill_chunk_size": st.sampled_from([4, 8]),
+        "preemption_mode": st.sampled_from(["recompute", "swap"]),
+        "kv_watermark": st.sampled_from([0.0, 0.1]),
+    }
+)
 
 
 def filled_slots(running: list[Request], block_size: int) -> int:
@@ -91,9 +91,12 @@ class Workload:
     def act(self, action: tuple[Any, ...]) -> None:
         if action[0] == "add":
             _, prompt, max_tokens, priority, seeded = action
-            params = SamplingParams(max_tokens=max_tokens, priority=priority,
-                                    temperature=1.0 if seeded else 0.0,
-                                    seed=len(self.ids) if seeded else None)
+            params = SamplingParams(
+                max_tokens=max_tokens,
+                priority=priority,
+                temperature=1.0 if seeded else 0.0,
+                seed=len(self.ids) if seeded else None,
+            )
             try:
                 rid = self.engine.add_request(prompt, params)
             except ValueError as err:
@@ -143,7 +146,8 @@ class Workload:
         if t.knob_changes:
             assert t.knob_changes[-1].version == t.knobs_version
         assert (batch.max_slots, batch.token_budget) == (
-            knobs.max_num_seqs, knobs.max_num_batched_tokens
+            knobs.max_num_seqs,
+            knobs.max_num_batched_tokens,
         )
         assert batch.num_prefill_tokens + batch.num_decode_tokens <= batch.token_budget
         assert len(batch.slots) <= batch.max_slots
@@ -166,7 +170,9 @@ class Workload:
         assert kv.host_used == sum(len(r.host_blocks) for r in sch.swapped)
         q = t.queue
         assert (q.waiting, q.running, q.swapped) == (
-            len(sch.waiting), len(sch.running), len(sch.swapped)
+            len(sch.waiting),
+            len(sch.running),
+            len(sch.swapped),
         )
 
     def check_blocks(self) -> None:
@@ -222,10 +228,15 @@ class Workload:
         self.step()  # an idle step is still well formed
 
     def check_against_reference(self) -> None:
-        reference = LLMEngine(model="synthetic:tiny", block_size=BLOCK_SIZE, num_kv_blocks=512,
-                              enable_prefix_caching=False)
-        names = {reference.add_request(self.prompts[rid], self.params[rid]): rid
-                 for rid in self.finished}
+        reference = LLMEngine(
+            model="synthetic:tiny",
+            block_size=BLOCK_SIZE,
+            num_kv_blocks=512,
+            enable_prefix_caching=False,
+        )
+        names = {
+            reference.add_request(self.prompts[rid], self.params[rid]): rid for rid in self.finished
+        }
         expected: dict[str, list[int]] = {}
         while reference.has_unfinished():
             for out in reference.step().outputs:
@@ -250,8 +261,12 @@ def test_random_workloads_stay_sound(
     work.check_against_reference()
 
 
-TIGHT = {"num_kv_blocks": 16, "num_host_blocks": 32, "kv_watermark": 0.0,
-         "enable_prefix_caching": False}
+TIGHT = {
+    "num_kv_blocks": 16,
+    "num_host_blocks": 32,
+    "kv_watermark": 0.0,
+    "enable_prefix_caching": False,
+}
 
 
 def tight_workload(mode: str) -> Workload:

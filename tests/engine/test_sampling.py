@@ -48,8 +48,11 @@ def test_seeded_requests_do_not_disturb_each_other() -> None:
     mixed = []
     for row in logits:
         batch = torch.stack([row, row, row])
-        out = sampler.sample(batch, ["noise", "a", "b"],
-                             [SamplingParams(temperature=1.0), params, SamplingParams(seed=8)])
+        out = sampler.sample(
+            batch,
+            ["noise", "a", "b"],
+            [SamplingParams(temperature=1.0), params, SamplingParams(seed=8)],
+        )
         mixed.append(out.token_ids[1])
     assert mixed == alone
 
@@ -65,11 +68,16 @@ def test_forget_restarts_a_seeded_stream() -> None:
 
 @pytest.mark.parametrize(
     "params",
-    [SamplingParams(temperature=1.5, top_k=1), SamplingParams(temperature=1.5, top_p=1e-6),
-     SamplingParams(temperature=0.7, top_k=1, top_p=0.5),
-     # past float32's range: 1/temperature overflows, top_p rounds to 0 in float32
-     SamplingParams(temperature=1e-40), SamplingParams(temperature=5e-324, top_k=3),
-     SamplingParams(top_p=1e-300), SamplingParams(temperature=1e-40, top_p=1e-300)],
+    [
+        SamplingParams(temperature=1.5, top_k=1),
+        SamplingParams(temperature=1.5, top_p=1e-6),
+        SamplingParams(temperature=0.7, top_k=1, top_p=0.5),
+        # past float32's range: 1/temperature overflows, top_p rounds to 0 in float32
+        SamplingParams(temperature=1e-40),
+        SamplingParams(temperature=5e-324, top_k=3),
+        SamplingParams(top_p=1e-300),
+        SamplingParams(temperature=1e-40, top_p=1e-300),
+    ],
 )
 def test_narrow_cuts_equal_greedy(params: SamplingParams) -> None:
     logits = random_logits(32, seed=4)
@@ -210,8 +218,9 @@ def test_eos_stops_unless_ignored(eos_engine: LLMEngine) -> None:
     assert eos_engine.model_config.eos_token_ids == (EOS,)
     stopped = generate(eos_engine, PROMPT, SamplingParams(temperature=0, max_tokens=5))
     assert (stopped.token_ids, stopped.finish_reason) == ([EOS], "stop")
-    ignored = generate(eos_engine, PROMPT,
-                       SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+    ignored = generate(
+        eos_engine, PROMPT, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    )
     assert (ignored.token_ids, ignored.finish_reason) == ([EOS] * 5, "length")
 
 
@@ -250,8 +259,16 @@ def test_no_logprobs_unless_asked() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("max_tokens", 0), ("max_tokens", -3), ("top_p", 0.0), ("top_p", 1.5),
-     ("temperature", -0.5), ("top_k", -1), ("logprobs", 21), ("logprobs", -1)],
+    [
+        ("max_tokens", 0),
+        ("max_tokens", -3),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("temperature", -0.5),
+        ("top_k", -1),
+        ("logprobs", 21),
+        ("logprobs", -1),
+    ],
 )
 def test_sampling_params_validation_names_the_field(field: str, value: float) -> None:
     with pytest.raises(pydantic.ValidationError) as info:

@@ -17,8 +17,9 @@ def make_prompts(n: int, seed: int = 0) -> list[list[int]]:
     return out
 
 
-def run_staggered(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams,
-                  per_step: int = 3) -> tuple[list[RequestOutput], list[dict[str, Any]]]:
+def run_staggered(
+    engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, per_step: int = 3
+) -> tuple[list[RequestOutput], list[dict[str, Any]]]:
     """Add `per_step` requests before each step and run to the end: (outputs, telemetry)."""
     ids: list[str] = []
     done: dict[str, RequestOutput] = {}

@@ -19,11 +19,13 @@ def run(monkeypatch: pytest.MonkeyPatch, graphs: bool) -> tuple[list[list[int]],
     monkeypatch.setenv("MOESCOPE_DECODE_GRAPHS", "1" if graphs else "0")
     monkeypatch.setenv("MOESCOPE_ATTN_BACKEND", "triton")
     monkeypatch.setenv("MOESCOPE_MOE_BACKEND", "torch" if DEVICE.type == "cpu" else "triton")
-    engine = LLMEngine(model="synthetic:tiny", device=str(DEVICE), num_kv_blocks=24,
-                       block_size=8, max_num_seqs=8)
-    ids = [engine.add_request(p, SamplingParams(max_tokens=4 + i, temperature=0,
-                                                ignore_eos=True))
-           for i, p in enumerate(PROMPTS)]
+    engine = LLMEngine(
+        model="synthetic:tiny", device=str(DEVICE), num_kv_blocks=24, block_size=8, max_num_seqs=8
+    )
+    ids = [
+        engine.add_request(p, SamplingParams(max_tokens=4 + i, temperature=0, ignore_eos=True))
+        for i, p in enumerate(PROMPTS)
+    ]
     tokens: dict[str, list[int]] = {i: [] for i in ids}
     counts = []
     while engine.has_unfinished():

@@ -21,8 +21,15 @@ TORCH_MOE = "torch" if DEVICE.type == "cpu" else "loop"
 def generate(monkeypatch: pytest.MonkeyPatch, moe: str, attn: str) -> list[RequestOutput]:
     monkeypatch.setenv("MOESCOPE_MOE_BACKEND", moe)
     monkeypatch.setenv("MOESCOPE_ATTN_BACKEND", attn)
-    llm = LLM(model="synthetic:tiny", device=str(DEVICE), num_kv_blocks=32, block_size=8,
-              prefill_chunk_size=16, max_num_batched_tokens=32, max_num_seqs=4)
+    llm = LLM(
+        model="synthetic:tiny",
+        device=str(DEVICE),
+        num_kv_blocks=32,
+        block_size=8,
+        prefill_chunk_size=16,
+        max_num_batched_tokens=32,
+        max_num_seqs=4,
+    )
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=2)
     return llm.generate(PROMPTS, params, use_tqdm=False)
 

@@ -41,9 +41,21 @@ def test_lookup_takes_the_nearest_bucket(monkeypatch: pytest.MonkeyPatch, tmp_pa
     monkeypatch.setenv("MOESCOPE_GEMM_CONFIGS", str(path))
     small, large = GemmConfig(16, 32, 32), GemmConfig(64, 128, 64, 8, 8, 3)
     assert lookup(DEVICE, 8, 64, 96, 10, torch.bfloat16) == default_config(
-        10, 8, torch.bfloat16, DEVICE.type != "cuda")
-    save_table(path, {"devices": {device_name(DEVICE): {shape_key(8, 64, 96): {
-        "8": MoEConfig(small, small).to_json(), "1024": MoEConfig(large, small).to_json()}}}})
+        10, 8, torch.bfloat16, DEVICE.type != "cuda"
+    )
+    save_table(
+        path,
+        {
+            "devices": {
+                device_name(DEVICE): {
+                    shape_key(8, 64, 96): {
+                        "8": MoEConfig(small, small).to_json(),
+                        "1024": MoEConfig(large, small).to_json(),
+                    }
+                }
+            }
+        },
+    )
     assert lookup(DEVICE, 8, 64, 96, 3, torch.bfloat16).gate_up == small
     assert lookup(DEVICE, 8, 64, 96, 60, torch.bfloat16).gate_up == small
     assert lookup(DEVICE, 8, 64, 96, 200, torch.bfloat16).gate_up == large
@@ -56,8 +68,24 @@ def test_autotune_fills_the_table_and_the_kernel_uses_it(
 ) -> None:
     path = tmp_path / "table.json"
     monkeypatch.setenv("MOESCOPE_GEMM_CONFIGS", str(path))
-    entries = autotune.main(["--experts", "4", "--hidden", "24", "--inter", "40", "--top-k", "2",
-                             "--tokens", "3", "--dtype", "float32", "--max-candidates", "2"])
+    entries = autotune.main(
+        [
+            "--experts",
+            "4",
+            "--hidden",
+            "24",
+            "--inter",
+            "40",
+            "--top-k",
+            "2",
+            "--tokens",
+            "3",
+            "--dtype",
+            "float32",
+            "--max-candidates",
+            "2",
+        ]
+    )
     assert list(entries) == ["8"]
     stored = json.loads(path.read_text())["devices"][device_name(DEVICE)][shape_key(4, 24, 40)]
     assert stored == entries

@@ -15,8 +15,14 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, run_all.sh runs for real")
 def test_dry_run_makes_the_table(tmp_path: Path) -> None:
     env = {**os.environ, "DRY_RUN": "1", "PY": sys.executable, "OUT": str(tmp_path)}
-    run = subprocess.run(["bash", "benchmarks/gpu/run_all.sh"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        ["bash", "benchmarks/gpu/run_all.sh"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "!! failed" not in run.stdout
     text = (tmp_path / "gpu_results.md").read_text()
@@ -24,7 +30,12 @@ def test_dry_run_makes_the_table(tmp_path: Path) -> None:
     assert "faster than grouped_mm" in text
     assert "| triton | synthetic:tiny |" in text and "| torch | synthetic:tiny |" in text
     assert {p.name for p in tmp_path.iterdir()} == {
-        "bench.log", "roofline.json", "moe.json", "engine.json", "gpu_results.md"}
+        "bench.log",
+        "roofline.json",
+        "moe.json",
+        "engine.json",
+        "gpu_results.md",
+    }
 
 
 def test_report_rewrites_only_its_results_section(

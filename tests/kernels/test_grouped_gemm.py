@@ -18,18 +18,26 @@ SHAPES = [
 ]
 
 
-def weights(experts: int, hidden: int, inter: int, gen: torch.Generator, dtype: torch.dtype
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+def weights(
+    experts: int, hidden: int, inter: int, gen: torch.Generator, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     w_gate_up = nonzero_randn(experts, hidden, 2 * inter, gen=gen, scale=hidden**-0.5, dtype=dtype)
     w_down = nonzero_randn(experts, inter, hidden, gen=gen, scale=inter**-0.5, dtype=dtype)
     return w_gate_up, w_down
 
 
-def reference(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
-              order: torch.Tensor, per_expert: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def reference(
+    x: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    order: torch.Tensor,
+    per_expert: torch.Tensor,
+    w: torch.Tensor,
+) -> torch.Tensor:
     """The per-expert torch loop in float32, whatever the inputs' dtype."""
-    return combine_experts(x.float(), w_gate_up.float(), w_down.float(), order, per_expert, w,
-                           expert_ffn_loop)
+    return combine_experts(
+        x.float(), w_gate_up.float(), w_down.float(), order, per_expert, w, expert_ffn_loop
+    )
 
 
 def case(shape: tuple[int, int, int, int, int, float], dtype: torch.dtype, seed: int):
@@ -64,10 +72,13 @@ def test_half_precision_matches_reference(
 
 
 # ragged K and N, several column tiles, grouped tile order; then K a multiple of the block
-@pytest.mark.parametrize("config,shape", [
-    (GemmConfig(16, 16, 16, group_m=4), (37, 40, 24, 8, 2, 1.0)),
-    (GemmConfig(32, 32, 32, group_m=2), (29, 64, 32, 4, 2, 0.0)),
-])
+@pytest.mark.parametrize(
+    "config,shape",
+    [
+        (GemmConfig(16, 16, 16, group_m=4), (37, 40, 24, 8, 2, 1.0)),
+        (GemmConfig(32, 32, 32, group_m=2), (29, 64, 32, 4, 2, 0.0)),
+    ],
+)
 def test_small_blocks(config: GemmConfig, shape: tuple[int, int, int, int, int, float]) -> None:
     args = case(shape, torch.float32, seed=5)
     out = fused_moe(*args, config=MoEConfig(config, config))
@@ -78,8 +89,12 @@ def test_dropped_pairs_contribute_nothing() -> None:
     x, w_gate_up, w_down, order, per_expert, w = case(SHAPES[1], torch.float32, seed=3)
     capacity = 4
     starts = torch.cumsum(per_expert, 0) - per_expert
-    keep = torch.cat([order[s:s + min(int(n), capacity)]
-                      for s, n in zip(starts.tolist(), per_expert.tolist(), strict=True)])
+    keep = torch.cat(
+        [
+            order[s : s + min(int(n), capacity)]
+            for s, n in zip(starts.tolist(), per_expert.tolist(), strict=True)
+        ]
+    )
     kept = per_expert.clamp(max=capacity)
     assert keep.numel() < order.numel()
     out = fused_moe(x, w_gate_up, w_down, keep, kept, w)
@@ -93,11 +108,19 @@ def test_no_rows_gives_zeros() -> None:
     assert out.shape == x.shape and not out.any()
 
 
-@pytest.mark.parametrize("backend", [
-    "triton", "loop",
-    pytest.param("torch", marks=pytest.mark.skipif(
-        DEVICE.type == "cuda", reason="torch grouped_mm on CUDA is bf16 only")),
-])
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "triton",
+        "loop",
+        pytest.param(
+            "torch",
+            marks=pytest.mark.skipif(
+                DEVICE.type == "cuda", reason="torch grouped_mm on CUDA is bf16 only"
+            ),
+        ),
+    ],
+)
 def test_backends_agree(monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
     args = case(SHAPES[1], torch.float32, seed=8)
     monkeypatch.setenv("MOESCOPE_MOE_BACKEND", backend)

@@ -15,8 +15,11 @@ def test_quick_run_writes_its_section(tmp_path: Path) -> None:
     other = "<!-- offline_throughput:begin -->\nkept\n<!-- offline_throughput:end -->"
     results.write_text(f"# Benchmark results\n\n{other}\n")
     section = bench.main(["--quick", "--results", str(results)])
-    for name in ("moescope MoEBlock (grouped_mm)", "transformers MixtralSparseMoeBlock (eager)",
-                 "per-token loop"):
+    for name in (
+        "moescope MoEBlock (grouped_mm)",
+        "transformers MixtralSparseMoeBlock (eager)",
+        "per-token loop",
+    ):
         assert f"| {name} |" in section
     assert "| 1 tokens | 8 tokens |" in section
     bench.main(["--quick", "--results", str(results)])

@@ -11,8 +11,14 @@ NUM_BLOCKS = 48
 
 
 def case(
-    lens: list[int], heads: int, kv_heads: int, head_dim: int, block_size: int,
-    dtype: torch.dtype, seed: int, extra_width: int = 0,
+    lens: list[int],
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    seed: int,
+    extra_width: int = 0,
 ) -> tuple[torch.Tensor, ...]:
     """Random q and caches; each sequence gets distinct random blocks, tables padded with 0."""
     gen = torch.Generator().manual_seed(seed)
@@ -28,8 +34,14 @@ def case(
     return q, k_cache, v_cache, tables.to(DEVICE), torch.tensor(lens, device=DEVICE)
 
 
-def reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-              tables: torch.Tensor, lens: torch.Tensor, scale: float) -> torch.Tensor:
+def reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    tables: torch.Tensor,
+    lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     return decode_attention_torch(q.float(), k_cache.float(), v_cache.float(), tables, lens, scale)
 
 
@@ -46,8 +58,9 @@ CASES = [
 def test_fp32_matches_reference(
     lens: list[int], heads: int, kv_heads: int, head_dim: int, block_size: int, splits: int
 ) -> None:
-    args = case(lens, heads, kv_heads, head_dim, block_size, torch.float32, seed=len(lens),
-                extra_width=1)
+    args = case(
+        lens, heads, kv_heads, head_dim, block_size, torch.float32, seed=len(lens), extra_width=1
+    )
     scale = head_dim**-0.5
     out = paged_decode_attention(*args, scale, num_splits=splits)
     assert out.shape == args[0].shape

@@ -21,35 +21,82 @@ from storage import Recorder, Store
 from storage.models import Base
 
 
-def step_record(step: int, t: float, session: str = "eng", layers: int = 2, experts: int = 4,
-                knob_changes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def step_record(
+    step: int,
+    t: float,
+    session: str = "eng",
+    layers: int = 2,
+    experts: int = 4,
+    knob_changes: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """A valid StepTelemetry record (as the bus carries it) with two decode slots."""
-    return StepTelemetry.model_validate({
-        "session": session, "step": step, "t": t, "knobs_version": 1,
-        "dur_ms": dict.fromkeys(("schedule", "prepare", "forward", "moe", "sample"), 0.5)
-        | {"total": 2.5},
-        "batch": {"max_slots": 8, "token_budget": 256, "num_prefill_tokens": 0,
-                  "num_decode_tokens": 2,
-                  "slots": [{"slot": i, "req": f"r{i}", "phase": "decode", "tokens": 1,
-                             "ctx": 10 + step} for i in range(2)]},
-        "queue": {"waiting": 0, "running": 2, "swapped": 0, "arrived": 0, "finished": 0,
-                  "preempted": 0},
-        "kv": {"block_size": 16, "total": 64, "usable": 64, "used": 2, "cached": 0, "free": 62,
-               "tokens": 20, "watermark_blocks": 0, "host_total": 0, "host_used": 0,
-               "prefix_hit_rate": 0.0},
-        "experts": {"layers": layers, "experts": experts, "top_k": 2,
-                    "counts": [[step % 3 + e for e in range(experts)] for _ in range(layers)],
-                    "dropped": [0] * layers, "balance": [0.5] * layers},
-        "a2a": {"ep_size": 1, "mode": "modeled", "bytes": [[0]]},
-        "latency": {"ttft_ms": [], "tpot_ms": []},
-        "knob_changes": knob_changes or [],
-    }).model_dump()
+    return StepTelemetry.model_validate(
+        {
+            "session": session,
+            "step": step,
+            "t": t,
+            "knobs_version": 1,
+            "dur_ms": dict.fromkeys(("schedule", "prepare", "forward", "moe", "sample"), 0.5)
+            | {"total": 2.5},
+            "batch": {
+                "max_slots": 8,
+                "token_budget": 256,
+                "num_prefill_tokens": 0,
+                "num_decode_tokens": 2,
+                "slots": [
+                    {"slot": i, "req": f"r{i}", "phase": "decode", "tokens": 1, "ctx": 10 + step}
+                    for i in range(2)
+                ],
+            },
+            "queue": {
+                "waiting": 0,
+                "running": 2,
+                "swapped": 0,
+                "arrived": 0,
+                "finished": 0,
+                "preempted": 0,
+            },
+            "kv": {
+                "block_size": 16,
+                "total": 64,
+                "usable": 64,
+                "used": 2,
+                "cached": 0,
+                "free": 62,
+                "tokens": 20,
+                "watermark_blocks": 0,
+                "host_total": 0,
+                "host_used": 0,
+                "prefix_hit_rate": 0.0,
+            },
+            "experts": {
+                "layers": layers,
+                "experts": experts,
+                "top_k": 2,
+                "counts": [[step % 3 + e for e in range(experts)] for _ in range(layers)],
+                "dropped": [0] * layers,
+                "balance": [0.5] * layers,
+            },
+            "a2a": {"ep_size": 1, "mode": "modeled", "bytes": [[0]]},
+            "latency": {"ttft_ms": [], "tpot_ms": []},
+            "knob_changes": knob_changes or [],
+        }
+    ).model_dump()
 
 
 def request_record(req: str, arrival: float, prompt_len: int, output_len: int) -> dict[str, Any]:
-    return {"req": req, "arrival": arrival, "finished_t": arrival + 0.5,
-            "prompt_len": prompt_len, "output_len": output_len, "max_tokens": output_len,
-            "ttft_ms": 12.5, "finish_reason": "length", "preemptions": 0, "e2e_ms": 500.0}
+    return {
+        "req": req,
+        "arrival": arrival,
+        "finished_t": arrival + 0.5,
+        "prompt_len": prompt_len,
+        "output_len": output_len,
+        "max_tokens": output_len,
+        "ttft_ms": 12.5,
+        "finish_reason": "length",
+        "preemptions": 0,
+        "e2e_ms": 500.0,
+    }
 
 
 def bare_recorder(store: Store, **kwargs: Any) -> tuple[Recorder, TelemetryBus, TelemetryBus]:

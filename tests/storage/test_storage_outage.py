@@ -15,8 +15,9 @@ from storage.models import SessionRow, StepRow
 
 def test_outage_drops_and_counts_then_recording_resumes(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'outage.db'}"
-    served = serve(ServerSettings(model_name=MODEL, db_url=url, record_buffer=16,
-                                  db_timeout_s=0.05))
+    served = serve(
+        ServerSettings(model_name=MODEL, db_url=url, record_buffer=16, db_timeout_s=0.05)
+    )
     rec: Recorder = served.server.server.config.app.state.recorder
     ws_url = served.url.replace("http://", "ws://") + "/ws/telemetry?fields=recorder"
     try:

@@ -28,8 +28,9 @@ def test_records_steps_knob_changes_and_requests_in_order(db_url: str) -> None:
     assert all(s["session"] == "main" for s in got)
     assert [s["step"] for s in q.steps(store, "main", 10, 19, every=5)] == [10, 15]
     assert q.knob_changes(store, "main") == [{"step": 40, **change}]
-    assert [(r["req"], r["prompt_len"], r["output_len"]) for r in q.requests(store, "main")] \
-        == [("r1", 12, 30)]
+    assert [(r["req"], r["prompt_len"], r["output_len"]) for r in q.requests(store, "main")] == [
+        ("r1", 12, 30)
+    ]
     summary = q.get_session(store, "main")
     assert summary["steps"] == 100 and summary["requests"] == 1 and summary["ended_t"]
     assert summary["dropped"] == 0 and summary["knob_changes"] == 1
@@ -41,8 +42,15 @@ def test_a_begun_session_takes_records_until_it_ends(db_url: str) -> None:
     rec, steps, requests = bare_recorder(store)
     t = time.time()
     steps.publish(step_record(0, t))
-    child = rec.begin_session("rerun", parent_id="main", label="rerun of main", model="m",
-                              engine_session="eng", config={}, knobs={})
+    child = rec.begin_session(
+        "rerun",
+        parent_id="main",
+        label="rerun of main",
+        model="m",
+        engine_session="eng",
+        config={},
+        knobs={},
+    )
     assert rec.current_session == child
     steps.publish(step_record(1, time.time()))
     requests.publish(request_record("r-child", time.time(), 3, 4))
@@ -61,8 +69,9 @@ def test_a_begun_session_takes_records_until_it_ends(db_url: str) -> None:
 def test_a_locked_database_drops_and_counts_then_recording_resumes(tmp_path: object) -> None:
     url = f"sqlite:///{tmp_path}/locked.db"
     store = Store(url, timeout_s=0.05)
-    rec, steps, _ = bare_recorder(store, max_pending=50, flush_interval_s=0.02,
-                                  retry_interval_s=0.05)
+    rec, steps, _ = bare_recorder(
+        store, max_pending=50, flush_interval_s=0.02, retry_interval_s=0.05
+    )
     t0 = time.time()
     steps.publish(step_record(0, t0))
     assert rec.flush()

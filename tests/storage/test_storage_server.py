@@ -42,16 +42,22 @@ def _recorder(served: Served) -> Recorder:
 
 
 def _complete(url: str, prompt_len: int, max_tokens: int) -> dict[str, Any]:
-    body = {"model": MODEL, "prompt": list(range(40, 40 + prompt_len)), "max_tokens": max_tokens,
-            "temperature": 0.0, "ignore_eos": True}
+    body = {
+        "model": MODEL,
+        "prompt": list(range(40, 40 + prompt_len)),
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+    }
     resp = httpx.post(url + "/v1/completions", json=body, timeout=60)
     assert resp.status_code == 200, resp.text
     return resp.json()
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def recorded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-             ) -> Iterator[Recorded]:
+def recorded(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Recorded]:
     """A server recording into a fresh database, after four requests and a knob change."""
     url = fresh_url(request.param, tmp_path_factory.mktemp("db"))
     served = serve(ServerSettings(model_name=MODEL, db_url=url, max_prompt_tokens=512))
@@ -85,7 +91,8 @@ def test_the_run_is_recorded_step_by_step(recorded: Recorded) -> None:
         StepTelemetry.model_validate(s)
     assert sum(s["queue"]["finished"] for s in steps) == len(PROMPTS)
     (change,) = recorded.get(f"/api/sessions/{recorded.session}/knob_changes").json()[
-        "knob_changes"]
+        "knob_changes"
+    ]
     assert change["changes"] == {"max_num_seqs": [8, 6]} and change["version"] == 2
     reqs = recorded.get(f"/api/sessions/{recorded.session}/requests").json()["requests"]
     assert sorted((r["prompt_len"], r["output_len"]) for r in reqs) == sorted(PROMPTS)
@@ -98,14 +105,24 @@ def test_step_ranges_and_bad_input(recorded: Recorded) -> None:
     assert [s["step"] for s in page["steps"]] == [3, 4, 5, 6, 7] and page["next"] is None
     page = recorded.get(base + "/steps", **{"from": 2, "limit": 2}).json()
     assert [s["step"] for s in page["steps"]] == [2, 3] and page["next"] == 4
-    for params, field in (({"from": 9, "to": 3}, "from"), ({"from": -1}, "from"),
-                          ({"to": "x"}, "to"), ({"limit": 0}, "limit")):
+    for params, field in (
+        ({"from": 9, "to": 3}, "from"),
+        ({"from": -1}, "from"),
+        ({"to": "x"}, "to"),
+        ({"limit": 0}, "limit"),
+    ):
         resp = recorded.get(base + "/steps", **params)
         assert resp.status_code == 422 and resp.json()["error"]["param"] == field, params
     assert recorded.get(base + "/export", format="csv").status_code == 422
-    for method, path in (("GET", ""), ("GET", "/steps"), ("GET", "/requests"),
-                         ("GET", "/knob_changes"), ("GET", "/export"), ("DELETE", ""),
-                         ("POST", "/rerun")):
+    for method, path in (
+        ("GET", ""),
+        ("GET", "/steps"),
+        ("GET", "/requests"),
+        ("GET", "/knob_changes"),
+        ("GET", "/export"),
+        ("DELETE", ""),
+        ("POST", "/rerun"),
+    ):
         resp = httpx.request(method, recorded.url + "/api/sessions/nope" + path)
         assert resp.status_code == 404 and "nope" in resp.json()["error"]["message"], path
     resp = httpx.post(recorded.url + "/api/sessions/nope/label", json={"label": "x"})
@@ -129,17 +146,26 @@ def test_export_jsonl_and_parquet(recorded: Recorded) -> None:
     assert table.column("step").to_pylist() == list(range(n_steps))
     assert len(table.column("expert_counts")[0].as_py()) == 2  # layers of synthetic:tiny
     steps = [x for x in lines if x["type"] == "step"]
-    for column, key in (("a2a_bytes", "bytes"), ("a2a_gather_bytes", "gather_bytes"),
-                        ("a2a_ep_size", "ep_size"), ("a2a_rank_tokens", "rank_tokens"),
-                        ("a2a_rank_moe_ms", "rank_moe_ms"), ("a2a_imbalance", "imbalance"),
-                        ("a2a_placement_version", "placement_version")):
+    for column, key in (
+        ("a2a_bytes", "bytes"),
+        ("a2a_gather_bytes", "gather_bytes"),
+        ("a2a_ep_size", "ep_size"),
+        ("a2a_rank_tokens", "rank_tokens"),
+        ("a2a_rank_moe_ms", "rank_moe_ms"),
+        ("a2a_imbalance", "imbalance"),
+        ("a2a_placement_version", "placement_version"),
+    ):
         assert table.column(column).to_pylist() == [s["a2a"][key] for s in steps]
     meta = json.loads(table.schema.metadata[b"moescope.session"])
     assert meta["id"] == recorded.session
-    reqs = pq.read_table(io.BytesIO(recorded.get(base, format="parquet",
-                                                 table="requests").content))
-    assert sorted(zip(reqs.column("prompt_len").to_pylist(),
-                      reqs.column("output_len").to_pylist(), strict=True)) == sorted(PROMPTS)
+    reqs = pq.read_table(io.BytesIO(recorded.get(base, format="parquet", table="requests").content))
+    assert sorted(
+        zip(
+            reqs.column("prompt_len").to_pylist(),
+            reqs.column("output_len").to_pylist(),
+            strict=True,
+        )
+    ) == sorted(PROMPTS)
 
 
 def _recv(ws: ClientConnection) -> dict[str, Any]:
@@ -184,9 +210,15 @@ def test_replay_controls_pause_seek_speed_resume(recorded: Recorded) -> None:
         assert _recv(ws)["step"] == 2
 
 
-@pytest.mark.parametrize(("path", "code", "word"), [
-    ("/ws/replay/nope", 404, "nope"), ("/ws/replay/{id}?speed=-1", 422, "speed"),
-    ("/ws/replay/{id}?from=x", 422, "from"), ("/ws/replay/{id}?fields=bogus", 422, "fields")])
+@pytest.mark.parametrize(
+    ("path", "code", "word"),
+    [
+        ("/ws/replay/nope", 404, "nope"),
+        ("/ws/replay/{id}?speed=-1", 422, "speed"),
+        ("/ws/replay/{id}?from=x", 422, "from"),
+        ("/ws/replay/{id}?fields=bogus", 422, "fields"),
+    ],
+)
 def test_replay_refuses_bad_requests(recorded: Recorded, path: str, code: int, word: str) -> None:
     with recorded.ws(path.format(id=recorded.session)) as ws:
         msg = _recv(ws)
@@ -204,8 +236,11 @@ def rerun(recorded: Recorded) -> str:
     new = resp.json()["session"]
     again = httpx.post(recorded.url + f"/api/sessions/{recorded.session}/rerun")
     assert again.status_code == 409 and new in again.json()["error"]["message"]
-    wait_for(lambda: recorded.get(f"/api/sessions/{new}").json().get("ended_t") is not None,
-             timeout=60, what="the rerun to finish")
+    wait_for(
+        lambda: recorded.get(f"/api/sessions/{new}").json().get("ended_t") is not None,
+        timeout=60,
+        what="the rerun to finish",
+    )
     assert _recorder(recorded.served).flush()
     assert _requests_served(recorded) == served_before + len(PROMPTS)
     return new
@@ -214,12 +249,16 @@ def rerun(recorded: Recorded) -> str:
 def _requests_served(recorded: Recorded) -> float:
     """moescope:request_success_total summed over finish reasons."""
     text = recorded.get("/metrics").text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("moescope:request_success_total{"))
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("moescope:request_success_total{")
+    )
 
 
-def test_a_rerun_is_a_linked_session_with_the_same_request_trace(recorded: Recorded,
-                                                                   rerun: str) -> None:
+def test_a_rerun_is_a_linked_session_with_the_same_request_trace(
+    recorded: Recorded, rerun: str
+) -> None:
     info = recorded.get(f"/api/sessions/{rerun}").json()
     assert info["parent"] == recorded.session and info["kind"] == "rerun"
     assert info["rerun"]["finished"] == len(PROMPTS) and info["rerun"]["failed"] == 0

@@ -15,7 +15,7 @@ from api_servers import MODEL, serve, stop
 from storage_helpers import run_requests, wait_for
 
 from api.settings import ServerSettings
-from engine.ep_ranks import free_port
+from engine.ep.ranks import free_port
 from storage import Store
 from storage import queries as q
 
@@ -46,11 +46,31 @@ def test_killed_writer_leaves_a_readable_database(tmp_path: Path) -> None:
     path, port = tmp_path / "killed.db", free_port()
     url = f"sqlite:///{path}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "api.cli", "serve", "--model", "synthetic:tiny", "--port",
-         str(port), "--kv-blocks", "256", "--max-num-seqs", "8", "--threads", "1",
-         "--no-metrics", "--db", url], stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "api.cli",
+            "serve",
+            "--model",
+            "synthetic:tiny",
+            "--port",
+            str(port),
+            "--kv-blocks",
+            "256",
+            "--max-num-seqs",
+            "8",
+            "--threads",
+            "1",
+            "--no-metrics",
+            "--db",
+            url,
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
+
         def up() -> bool:
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
             try:
@@ -59,8 +79,12 @@ def test_killed_writer_leaves_a_readable_database(tmp_path: Path) -> None:
                 return False
 
         wait_for(up, timeout=120, what="the server to start")
-        body = {"model": "synthetic:tiny", "prompt": [5, 6, 7], "max_tokens": 900,
-                "ignore_eos": True}
+        body = {
+            "model": "synthetic:tiny",
+            "prompt": [5, 6, 7],
+            "max_tokens": 900,
+            "ignore_eos": True,
+        }
         for _ in range(2):
             threading.Thread(target=_post_ignoring_errors, args=(base, body), daemon=True).start()
         wait_for(lambda: _stored_steps(path) >= 30, timeout=120, what="recorded steps")

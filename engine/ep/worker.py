@@ -1,4 +1,4 @@
-"""`python -m engine.ep_worker RANK`: an expert-parallel rank that rank 0 started.
+"""`python -m engine.ep.worker RANK`: an expert-parallel rank that rank 0 started.
 
 Reads (EngineConfig, port, torch threads) pickled on stdin, joins rank 0's group on
 127.0.0.1:port and follows its commands until told to stop. Ctrl-C in the terminal reaches
@@ -10,7 +10,7 @@ import pickle
 import signal
 import sys
 
-from engine.ep_ranks import rank_main
+from engine.ep.ranks import rank_main
 
 
 def main() -> None:

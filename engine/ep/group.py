@@ -23,11 +23,18 @@ class EPGroup:
         self, rank: int, size: int, init_method: str, timeout_s: float, device: str
     ) -> None:
         if dist.is_initialized():
-            raise RuntimeError("this process already belongs to an expert-parallel group: "
-                               "close() the other distributed engine first")
+            raise RuntimeError(
+                "this process already belongs to an expert-parallel group: "
+                "close() the other distributed engine first"
+            )
         backend = "cpu:gloo,cuda:nccl" if device.startswith("cuda") else "gloo"
-        dist.init_process_group(backend, init_method=init_method, rank=rank,
-                                world_size=size, timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            backend,
+            init_method=init_method,
+            rank=rank,
+            world_size=size,
+            timeout=timedelta(seconds=timeout_s),
+        )
         self.control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
         self.rank = rank
         self.size = size

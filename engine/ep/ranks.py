@@ -17,10 +17,10 @@ import time
 import torch
 
 from engine.config import EngineConfig
-from engine.ep_group import EPGroup
+from engine.ep.group import EPGroup
+from engine.ep.placement import Placement
 from engine.model.loader import load_model
 from engine.model.tokenizer import Tokenizer
-from engine.parallel import Placement
 from engine.runner import ModelRunner
 
 
@@ -39,8 +39,9 @@ def model_runner(config: EngineConfig, group: EPGroup | None) -> tuple[ModelRunn
     """Load the model on this rank, in a runner that holds this rank's experts."""
     device = group.device if group is not None else config.device
     torch.manual_seed(config.seed)
-    model, tokenizer = load_model(config.model, config.dtype, device, config.seed,
-                                  config.router_skew)
+    model, tokenizer = load_model(
+        config.model, config.dtype, device, config.seed, config.router_skew
+    )
     cfg = model.cfg
     placement = Placement.contiguous(cfg.num_layers, cfg.num_experts, config.parallel.ep_size)
     return ModelRunner(model, config.cache, device, placement, group), tokenizer
@@ -56,8 +57,10 @@ def torchrun_rank() -> int | None:
 def _join_torchrun(config: EngineConfig, rank: int) -> EPGroup:
     size = int(os.environ["WORLD_SIZE"])
     if size != config.parallel.ep_size:
-        raise ValueError(f"torchrun started {size} processes but ep_size is "
-                         f"{config.parallel.ep_size}; pass --ep {size}")
+        raise ValueError(
+            f"torchrun started {size} processes but ep_size is "
+            f"{config.parallel.ep_size}; pass --ep {size}"
+        )
     local = int(os.environ.get("LOCAL_RANK", rank))
     device = rank_device(config.device, local)
     return EPGroup(rank, size, "env://", config.parallel.timeout_s, device)
@@ -80,19 +83,20 @@ def _serve(config: EngineConfig, group: EPGroup) -> None:
 def _local_group(config: EngineConfig, rank: int, port: int) -> EPGroup:
     """Join the group of ranks on this machine, which rank 0 hosts on 127.0.0.1:port."""
     p = config.parallel
-    return EPGroup(rank, p.ep_size, f"tcp://127.0.0.1:{port}", p.timeout_s,
-                   rank_device(config.device, rank))
+    return EPGroup(
+        rank, p.ep_size, f"tcp://127.0.0.1:{port}", p.timeout_s, rank_device(config.device, rank)
+    )
 
 
 def rank_main(rank: int, config: EngineConfig, port: int, threads: int) -> None:
-    """A spawned rank (see engine/ep_worker.py): join rank 0's group and follow it."""
+    """A spawned rank (see engine/ep/worker.py): join rank 0's group and follow it."""
     torch.set_num_threads(threads)
     _serve(config, _local_group(config, rank, port))
 
 
 class Ranks:
     """Rank 0's view of the other ranks: its group membership and, if it started them, their
-    processes (`python -m engine.ep_worker`, so they never re-run the caller's script; a rank
+    processes (`python -m engine.ep.worker`, so they never re-run the caller's script; a rank
     started by torchrun shows its death as a failed collective)."""
 
     def __init__(self, config: EngineConfig) -> None:
@@ -104,16 +108,16 @@ class Ranks:
             self.group = _join_torchrun(config, 0)
         else:
             self.group = self._spawn(config)
-        self._watcher = threading.Thread(target=self._watch, name="moescope-ep-watch",
-                                         daemon=True)
+        self._watcher = threading.Thread(target=self._watch, name="moescope-ep-watch", daemon=True)
         self._watcher.start()
 
     def _spawn(self, config: EngineConfig) -> EPGroup:
         port = free_port()
         payload = pickle.dumps((config, port, torch.get_num_threads()))
         for rank in range(1, config.parallel.ep_size):
-            proc = subprocess.Popen([sys.executable, "-m", "engine.ep_worker", str(rank)],
-                                    stdin=subprocess.PIPE)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "engine.ep.worker", str(rank)], stdin=subprocess.PIPE
+            )
             assert proc.stdin is not None
             proc.stdin.write(payload)
             proc.stdin.close()

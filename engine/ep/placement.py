@@ -1,6 +1,6 @@
 """Expert placement over expert-parallel ranks: which rank computes each routed token-expert pair.
 
-Each layer has its own placement: `slots[rank]` lists the logical experts that rank hosts (its
+Each layer has its own placement: `hosted[rank]` lists the logical experts that rank hosts (its
 local experts, in order). An expert hosted on several ranks has replicas; a pair picks one by
 its row in the flat batch (row % replicas), so a replicated expert's tokens are split evenly.
 The flat batch's rows are split into equal contiguous shares, one per rank (the source ranks).
@@ -8,16 +8,16 @@ The flat batch's rows are split into equal contiguous shares, one per rank (the 
 
 import torch
 
-Slots = tuple[tuple[int, ...], ...]
+Hosted = tuple[tuple[int, ...], ...]
 
 
 class LayerPlacement:
-    """One layer's expert slots per rank, with lookup tables for routing pairs to ranks."""
+    """One layer's hosted experts per rank, with lookup tables for routing pairs to ranks."""
 
-    def __init__(self, slots: Slots, num_experts: int) -> None:
-        self.slots = slots
+    def __init__(self, hosted: Hosted, num_experts: int) -> None:
+        self.hosted = hosted
         hosts: list[list[tuple[int, int]]] = [[] for _ in range(num_experts)]
-        for rank, experts in enumerate(slots):
+        for rank, experts in enumerate(hosted):
             for local, expert in enumerate(experts):
                 hosts[expert].append((rank, local))
         missing = [e for e, h in enumerate(hosts) if not h]
@@ -28,13 +28,14 @@ class LayerPlacement:
         self.replicas = torch.tensor([len(h) for h in hosts])
         self.rank = torch.tensor([[r for r, _ in h] for h in padded])
         self.local = torch.tensor([[j for _, j in h] for h in padded])
-        self.num_local = max(len(s) for s in slots)
+        self.num_local = max(len(s) for s in hosted)
         self._tables: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 
     def _on(self, device: torch.device) -> tuple[torch.Tensor, ...]:
         if device not in self._tables:
-            self._tables[device] = tuple(t.to(device) for t in (self.replicas, self.rank,
-                                                                self.local))
+            self._tables[device] = tuple(
+                t.to(device) for t in (self.replicas, self.rank, self.local)
+            )
         return self._tables[device]
 
     def destinations(
@@ -51,15 +52,16 @@ class LayerPlacement:
     def rank_loads(self, load: torch.Tensor) -> torch.Tensor:
         """Expected pairs per rank for per-expert loads [E] (replicas share evenly)."""
         share = load.double() / self.replicas
-        return torch.stack([share[list(s)].sum() if s else share.new_zeros(())
-                            for s in self.slots])
+        return torch.stack(
+            [share[list(s)].sum() if s else share.new_zeros(()) for s in self.hosted]
+        )
 
 
 class Placement:
     """Per-layer expert placement over `ep_size` ranks; `version` grows with each rebalance."""
 
     def __init__(self, layers: list[LayerPlacement], ep_size: int, version: int = 1) -> None:
-        if any(len(lp.slots) != ep_size for lp in layers):
+        if any(len(lp.hosted) != ep_size for lp in layers):
             raise ValueError(f"every layer must place experts on {ep_size} ranks")
         self.layers = layers
         self.ep_size = ep_size
@@ -71,8 +73,8 @@ class Placement:
         if ep_size < 1 or num_experts % ep_size:
             raise ValueError(f"ep_size ({ep_size}) must divide the {num_experts} experts")
         share = num_experts // ep_size
-        slots = tuple(tuple(range(r * share, (r + 1) * share)) for r in range(ep_size))
-        return cls([LayerPlacement(slots, num_experts) for _ in range(num_layers)], ep_size)
+        hosted = tuple(tuple(range(r * share, (r + 1) * share)) for r in range(ep_size))
+        return cls([LayerPlacement(hosted, num_experts) for _ in range(num_layers)], ep_size)
 
     def token_ranks(self, num_tokens: int) -> torch.Tensor:
         """Which rank is the source of each row of the flat batch (equal contiguous shares)."""
@@ -83,9 +85,9 @@ class Placement:
         ep = self.ep_size
         return (rank * num_tokens + ep - 1) // ep, ((rank + 1) * num_tokens + ep - 1) // ep
 
-    def slots(self) -> list[list[list[int]]]:
+    def hosted(self) -> list[list[list[int]]]:
         """[layer][rank] -> hosted logical experts, as plain lists."""
-        return [[list(s) for s in lp.slots] for lp in self.layers]
+        return [[list(s) for s in lp.hosted] for lp in self.layers]
 
 
 def max_replicas(num_experts: int, ep_size: int) -> int:

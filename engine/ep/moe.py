@@ -1,7 +1,7 @@
 """Expert-parallel experts: send each routed pair to its expert's rank, compute, send back.
 
-Dispatch: this rank's pairs, sorted by (rank, local slot), go out with one all_to_all_single
-after the per-slot counts are exchanged. Each rank regroups what it received by local slot and
+Dispatch: this rank's pairs, sorted by (rank, local index), go out with one all_to_all_single
+after the per-expert counts are exchanged. Each rank regroups what it received by local expert and
 runs one grouped GEMM over its own experts. Combine: results return the same way and are added
 to their rows with the router weights.
 """
@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine.ep.placement import LayerPlacement
 from engine.model.context import RankStats
 from engine.model.grouping import count, fits_capacity, group_by_expert
-from engine.parallel import LayerPlacement
 from kernels import moe_experts
 
 if TYPE_CHECKING:
-    from engine.ep_group import EPGroup
+    from engine.ep.group import EPGroup
     from engine.model.moe import MoEBlock
 
 
@@ -33,12 +33,12 @@ def ep_experts(
     stats: RankStats,
 ) -> torch.Tensor:
     """Routed expert output [n, H] for this rank's rows x [n, H] (rows first_row..)."""
-    k, slots = experts.shape[1], layer.num_local
+    k, num_local = experts.shape[1], layer.num_local
     pairs = _within_capacity(experts, block.num_experts, capacity, group, stats)
     dest, local = layer.destinations(experts, first_row)
-    key = (dest * slots + local).flatten()[pairs]
+    key = (dest * num_local + local).flatten()[pairs]
     order = pairs[torch.sort(key, stable=True).indices]
-    send_counts = count(key, group.size * slots).view(group.size, slots)
+    send_counts = count(key, group.size * num_local).view(group.size, num_local)
     received_counts = group.exchange_counts(send_counts)
     send, receive = send_counts.sum(1).tolist(), received_counts.sum(1).tolist()
     received = group.all_to_all(x[order // k], send, receive)
@@ -56,7 +56,10 @@ def ep_experts(
 
 
 def _within_capacity(
-    experts: torch.Tensor, num_experts: int, capacity: int | None, group: "EPGroup",
+    experts: torch.Tensor,
+    num_experts: int,
+    capacity: int | None,
+    group: "EPGroup",
     stats: RankStats,
 ) -> torch.Tensor:
     """Indices of this rank's pairs that fit their expert's capacity, counted over the whole
@@ -72,13 +75,12 @@ def _within_capacity(
     return keep.nonzero().squeeze(1)
 
 
-def _local_experts(received: torch.Tensor, counts: torch.Tensor, block: "MoEBlock"
-                   ) -> torch.Tensor:
-    """This rank's experts over the rows it received ([sources, slots] counts), in that order."""
-    sources, slots = counts.shape
-    slot_ids = torch.arange(slots, device=received.device).repeat(sources)
-    slot_of_row = slot_ids.repeat_interleave(counts.flatten().to(received.device))
-    order, kept, _, _ = group_by_expert(slot_of_row, slots, None)
+def _local_experts(received: torch.Tensor, counts: torch.Tensor, block: "MoEBlock") -> torch.Tensor:
+    """This rank's experts over the rows it received ([sources, local experts] counts), in order."""
+    sources, num_local = counts.shape
+    local_ids = torch.arange(num_local, device=received.device).repeat(sources)
+    local_of_row = local_ids.repeat_interleave(counts.flatten().to(received.device))
+    order, kept, _, _ = group_by_expert(local_of_row, num_local, None)
     if received.shape[0] == 0:
         return received
     hosted = block.w_gate_up.shape[0]

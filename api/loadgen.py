@@ -27,8 +27,24 @@ import httpx
 
 from api.cli_args import describe, non_negative, positive
 
-WORDS = ("expert", "token", "router", "batch", "cache", "step", "layer", "prefill", "decode",
-         "block", "slot", "queue", "knob", "shard", "gate", "kernel")
+WORDS = (
+    "expert",
+    "token",
+    "router",
+    "batch",
+    "cache",
+    "step",
+    "layer",
+    "prefill",
+    "decode",
+    "block",
+    "slot",
+    "queue",
+    "knob",
+    "shard",
+    "gate",
+    "kernel",
+)
 
 
 @dataclass(frozen=True)
@@ -63,8 +79,10 @@ def parse_dist(text: str) -> Dist:
         return Dist("uniform", nums[0], nums[1])
     if kind == "lognormal" and len(nums) in (2, 3) and nums[0] >= 1 and nums[1] >= 0:
         return Dist("lognormal", nums[0], nums[1], nums[2] if len(nums) == 3 else math.inf)
-    raise ValueError(f"bad length distribution {text!r}: use fixed:N, uniform:LO:HI or "
-                     "lognormal:MEDIAN:SIGMA[:MAX] with positive numbers")
+    raise ValueError(
+        f"bad length distribution {text!r}: use fixed:N, uniform:LO:HI or "
+        "lognormal:MEDIAN:SIGMA[:MAX] with positive numbers"
+    )
 
 
 @dataclass(frozen=True)
@@ -143,9 +161,15 @@ async def send_one(
     client: httpx.AsyncClient, model: str, arrival: Arrival, prompt: str, temperature: float
 ) -> Result:
     """One streaming completion; TTFT and TPOT measured on the client from SSE chunk times."""
-    body = {"model": model, "prompt": prompt, "max_tokens": arrival.output_len,
-            "temperature": temperature, "stream": True, "ignore_eos": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": arrival.output_len,
+        "temperature": temperature,
+        "stream": True,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
     start = time.perf_counter()
     times: list[float] = []
     usage: dict[str, int] = {}
@@ -175,8 +199,15 @@ async def send_one(
     if not times:
         return Result(False, "no tokens received")
     tpot = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
-    return Result(True, None, times[0] - start, tpot, end - start,
-                  usage.get("prompt_tokens", 0), usage.get("completion_tokens", len(times)))
+    return Result(
+        True,
+        None,
+        times[0] - start,
+        tpot,
+        end - start,
+        usage.get("prompt_tokens", 0),
+        usage.get("completion_tokens", len(times)),
+    )
 
 
 class Progress:
@@ -188,17 +219,23 @@ class Progress:
 
     def line(self) -> str:
         el = time.perf_counter() - self.start
-        return (f"{el:7.1f}s  sent {self.sent}  done {self.done}  in flight "
-                f"{self.sent - self.done}  errors {self.errors}  "
-                f"{self.tokens / el if el else 0.0:.1f} tok/s")
+        return (
+            f"{el:7.1f}s  sent {self.sent}  done {self.done}  in flight "
+            f"{self.sent - self.done}  errors {self.errors}  "
+            f"{self.tokens / el if el else 0.0:.1f} tok/s"
+        )
 
 
 async def _progress_task(progress: Progress, stream: Any) -> None:
     tty = stream.isatty()
     while True:
         await asyncio.sleep(0.5 if tty else 5.0)
-        print(("\r" if tty else "") + progress.line(), end="" if tty else "\n", file=stream,
-              flush=True)
+        print(
+            ("\r" if tty else "") + progress.line(),
+            end="" if tty else "\n",
+            file=stream,
+            flush=True,
+        )
 
 
 async def run_load(
@@ -218,15 +255,22 @@ async def run_load(
     """
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-    async with httpx.AsyncClient(base_url=url.rstrip("/"), headers=headers, limits=limits,
-                                 timeout=httpx.Timeout(timeout_s, connect=10.0)) as client:
+    async with httpx.AsyncClient(
+        base_url=url.rstrip("/"),
+        headers=headers,
+        limits=limits,
+        timeout=httpx.Timeout(timeout_s, connect=10.0),
+    ) as client:
         if model is None:
             resp = await client.get("/v1/models")
             resp.raise_for_status()
             model = resp.json()["data"][0]["id"]
         progress = Progress()
-        ticker = (asyncio.create_task(_progress_task(progress, progress_stream))
-                  if progress_stream is not None else None)
+        ticker = (
+            asyncio.create_task(_progress_task(progress, progress_stream))
+            if progress_stream is not None
+            else None
+        )
         results: list[Result] = []
 
         async def run(arrival: Arrival, prompt: str) -> None:
@@ -243,8 +287,9 @@ async def run_load(
             for arrival in arrivals:
                 # sleep(0) still yields, so a burst cannot starve the loop (or Ctrl-C)
                 await asyncio.sleep(max(0.0, start + arrival.t - time.perf_counter()))
-                tasks.append(asyncio.create_task(run(arrival, make_prompt(arrival.prompt_len,
-                                                                          rng))))
+                tasks.append(
+                    asyncio.create_task(run(arrival, make_prompt(arrival.prompt_len, rng)))
+                )
                 progress.sent += 1
             await asyncio.gather(*tasks)
         except asyncio.CancelledError:
@@ -271,8 +316,9 @@ def summarize(
     in_tokens = sum(r.prompt_tokens for r in ok)
 
     def pcts(values: list[float]) -> dict[str, float]:
-        return {f"p{int(q * 100)}": round(percentile(values, q) * 1000, 3)
-                for q in (0.5, 0.9, 0.99)}
+        return {
+            f"p{int(q * 100)}": round(percentile(values, q) * 1000, 3) for q in (0.5, 0.9, 0.99)
+        }
 
     return {
         "model": model,
@@ -317,16 +363,24 @@ def add_load_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=None, help="Bearer key (or MOESCOPE_API_KEY)")
     p.add_argument("--model", default=None, help="model name (default: the server's first)")
     p.add_argument("--rate", type=positive, default=2.0, help="mean arrivals per second")
-    p.add_argument("--duration", type=non_negative, default=30.0,
-                   help="seconds of arrivals; 0 = until interrupted")
+    p.add_argument(
+        "--duration",
+        type=non_negative,
+        default=30.0,
+        help="seconds of arrivals; 0 = until interrupted",
+    )
     p.add_argument("--prompt-len", type=parse_dist, default=parse_dist("uniform:16:256"))
     p.add_argument("--output-len", type=parse_dist, default=parse_dist("uniform:16:128"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--timeout", type=positive, default=600.0, help="per-request timeout (s)")
     p.add_argument("--save-trace", type=Path, default=None, help="write the arrivals as JSONL")
-    p.add_argument("--trace", type=Path, default=None,
-                   help="replay arrivals from JSONL (ignores rate, duration and lengths)")
+    p.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help="replay arrivals from JSONL (ignores rate, duration and lengths)",
+    )
     p.add_argument("--summary-json", type=Path, default=None, help="also write the summary")
     p.add_argument("--no-progress", action="store_true")
 
@@ -341,8 +395,9 @@ def _arrivals(args: argparse.Namespace) -> Iterable[Arrival]:
         except ValueError as exc:
             raise SystemExit(f"moescope load: {exc}") from None
     else:
-        arrivals = poisson_arrivals(args.rate, args.duration, args.prompt_len, args.output_len,
-                                    args.seed)
+        arrivals = poisson_arrivals(
+            args.rate, args.duration, args.prompt_len, args.output_len, args.seed
+        )
     if args.save_trace is not None:
         if args.trace is None and args.duration <= 0:
             raise SystemExit("moescope load: --save-trace needs a finite --duration")
@@ -362,10 +417,18 @@ def main_load(args: argparse.Namespace) -> int:
     arrivals = _arrivals(args)
     api_key = args.api_key or os.environ.get("MOESCOPE_API_KEY")
     try:
-        summary = asyncio.run(run_load(
-            args.url, arrivals, model=args.model, api_key=api_key, seed=args.seed,
-            temperature=args.temperature, timeout_s=args.timeout,
-            progress_stream=None if args.no_progress else sys.stderr))
+        summary = asyncio.run(
+            run_load(
+                args.url,
+                arrivals,
+                model=args.model,
+                api_key=api_key,
+                seed=args.seed,
+                temperature=args.temperature,
+                timeout_s=args.timeout,
+                progress_stream=None if args.no_progress else sys.stderr,
+            )
+        )
     except httpx.HTTPError as exc:
         print(f"moescope load: cannot reach {args.url}: {describe(exc)}", file=sys.stderr)
         return 2
@@ -373,4 +436,3 @@ def main_load(args: argparse.Namespace) -> int:
     if args.summary_json is not None:
         _write(args.summary_json, json.dumps(summary, indent=2) + "\n")
     return 0 if summary["ok"] or not summary["requests"] else 1
-

@@ -1,0 +1,1 @@
+"""Expert parallel: placement, rebalancing, process group, ranks, weight moves, EP MoE path."""
