@@ -218,6 +218,6 @@ async def rerun_session(
         **session_meta(engine_loop, app.state.settings.model_name),
     )
     rerun = Rerun(new, session_id, trace_of(records), speed)
-    rerun.task = asyncio.create_task(run_rerun(rerun, engine_loop, recorder, app.state.metrics))
+    rerun.task = asyncio.create_task(run_rerun(rerun, engine_loop, recorder))
     app.state.rerun = rerun
     return rerun.progress()

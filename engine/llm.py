@@ -45,14 +45,14 @@ class LLM:
         for p in per_prompt:
             if not isinstance(p, SamplingParams):
                 raise TypeError(f"sampling_params must be SamplingParams, got {type(p).__name__}")
-        token_ids = [
-            self.engine.check_request(p, sp) for p, sp in zip(prompts, per_prompt, strict=True)
-        ]
         now = time.time()
-        ids = [
-            self.engine.add_request(t, sp, arrival=now)
-            for t, sp in zip(token_ids, per_prompt, strict=True)
+        reqs = [
+            self.engine.make_request(p, sp, arrival=now)
+            for p, sp in zip(prompts, per_prompt, strict=True)
         ]
+        for req in reqs:
+            self.engine.add(req)
+        ids = [req.request_id for req in reqs]
         done: dict[str, RequestOutput] = {}
         generated = 0
         with tqdm(total=len(ids), desc="generate", unit="req", disable=not use_tqdm) as bar:

@@ -74,12 +74,11 @@ def test_websocket_needs_the_key_as_header_or_query(guarded: Served) -> None:
         with pytest.raises(InvalidStatus) as info:
             ws_connect(url, additional_headers=headers)
         assert info.value.response.status_code == 403
-    for url, headers in (
-        (guarded.ws_url + f"?token={KEY}&every=1", None),
-        (guarded.ws_url, _auth(KEY)),
+    for seqs, (url, headers) in enumerate(
+        ((guarded.ws_url + f"?token={KEY}&every=1", None), (guarded.ws_url, _auth(KEY))), 5
     ):
         with ws_connect(url, additional_headers=headers) as ws:
-            guarded.loop.update_knobs({"max_num_seqs": 5}).result(5)
+            guarded.loop.update_knobs({"max_num_seqs": seqs}).result(5)  # a change makes a step
             assert "step" in json.loads(ws.recv(timeout=10))
 
 

@@ -164,11 +164,12 @@ def run_requests(loop: EngineLoop, n: int, max_tokens: int, timeout: float = 60.
 
 
 def mark_step(loop: EngineLoop) -> int:
-    """Make the idle loop run one (empty) step and wait until it is published; its number.
+    """Make the idle loop run one (empty) step, by a knob change, and wait until it is
+    published; its number.
 
     Every earlier step has been published by then too, so a recorder flush covers them all.
     """
     before = loop.steps
-    loop.update_knobs({"max_num_seqs": loop.knobs.max_num_seqs}).result(10)
+    loop.update_knobs({"max_num_seqs": loop.knobs.max_num_seqs % 64 + 1}).result(10)
     wait_for(lambda: loop.steps > before, what="the marker step")
     return loop.steps - 1

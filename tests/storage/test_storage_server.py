@@ -294,7 +294,8 @@ def test_status_and_telemetry_carry_the_recorder_counts(recorded: Recorded) -> N
     assert stats["written_steps"] == loop.steps and stats["pending_steps"] == 0
     ws_url = "/ws/telemetry?fields=queue,recorder"
     with recorded.ws(ws_url) as ws:
-        recorded.served.loop.update_knobs({"max_num_seqs": 6}).result(10)
+        seqs = loop.knobs.max_num_seqs % 64 + 1  # a change, so the idle loop steps
+        loop.update_knobs({"max_num_seqs": seqs}).result(10)
         msg = _recv(ws)
     assert set(msg) == {"step", "queue", "recorder"}
     assert msg["recorder"] == {"ok": True, "dropped": 0, "pending": msg["recorder"]["pending"]}
