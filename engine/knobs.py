@@ -150,9 +150,10 @@ def validate_knobs(values: dict[str, Any], context: dict[str, Any]) -> Knobs:
 
 
 def _knob_error(exc: ValidationError, schema: dict[str, dict[str, Any]]) -> InvalidInput:
-    parts, first = [], None
+    parts: list[str] = []
+    first: str | None = None
     for err in exc.errors():
-        name = ".".join(map(str, err["loc"]))
+        name: str | None = ".".join(map(str, err["loc"]))
         msg = err["msg"].removeprefix("Value error, ")
         cause = err.get("ctx", {}).get("error")
         if name in schema:

@@ -181,6 +181,7 @@ class BlockManager:
     def _evict_one(self, to_free: bool = True) -> int:
         block_id, _ = self.cached.popitem(last=False)
         block = self.blocks[block_id]
+        assert block.hash is not None  # only hashed full blocks are cached
         del self.hash_to_block[block.hash]
         block.hash = None
         block.token_ids = ()

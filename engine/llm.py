@@ -1,6 +1,7 @@
 """The offline API: `LLM(model=...).generate(prompts, params)`."""
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from tqdm import tqdm
@@ -31,7 +32,7 @@ class LLM:
 
     def generate(
         self,
-        prompts: list[str] | list[list[int]],
+        prompts: Sequence[str | list[int]],
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:

@@ -1,6 +1,7 @@
 """Reading sessions back: lists, summaries, steps in a range, knob changes, requests; edits."""
 
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Row, delete, func, select, update
@@ -109,7 +110,7 @@ def get_session(store: Store, session_id: str) -> dict[str, Any]:
     return out
 
 
-def _request_stats(reqs: list[Row[Any]]) -> dict[str, Any]:
+def _request_stats(reqs: Sequence[Row[str, int, int, float | None]]) -> dict[str, Any]:
     reasons: dict[str, int] = {}
     for r in reqs:
         reasons[r.finish_reason] = reasons.get(r.finish_reason, 0) + 1
