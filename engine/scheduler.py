@@ -26,7 +26,8 @@ class ScheduledChunk:
 
 @dataclass
 class SchedulerOutput:
-    """What one step runs: the chunks (decodes first), preemptions and KV swaps."""
+    """What one step runs: the chunks (running decodes, running prefills, swapped-in requests,
+    then admitted ones), preemptions and KV swaps."""
 
     step: int
     chunks: list[ScheduledChunk] = field(default_factory=list)
