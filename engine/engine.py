@@ -23,7 +23,7 @@ from engine.runner import ForwardResult
 from engine.sampling import Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
-from engine.step_telemetry import step_telemetry
+from engine.step_telemetry import a2a_info, durations, expert_info, step_telemetry
 from engine.telemetry import KnobChange, RequestRecord, StepTelemetry
 
 
@@ -337,10 +337,20 @@ class LLMEngine:
             self._loads.append(result.expert_counts)
             outputs, finished = self._sample_and_update(sched, result)
             t4 = time.perf_counter()
-        durations = [t1 - t0, t2 - t1, t3 - t2, t4 - t3, time.perf_counter() - t0]
+        seconds = [t1 - t0, t2 - t1, t3 - t2, t4 - t3, time.perf_counter() - t0]
         arrived, self._arrived = self._arrived, 0
         telemetry = step_telemetry(
-            self, sched, result, finished, durations, applied, arrived, time.time()
+            self.session,
+            self.applied_knobs_version,
+            self.scheduler,
+            sched,
+            durations(seconds, result.moe_seconds if result else 0.0),
+            finished,
+            applied,
+            arrived,
+            time.time(),
+            expert_info(self.model_config, result),
+            a2a_info(self, result, sched.num_prefill_tokens + sched.num_decode_tokens),
         )
         self._since_rebalance += 1
         ended = [r.end_record(r.token_times[-1]) for r in finished]
@@ -353,9 +363,7 @@ class LLMEngine:
         sampled = self.sampler.sample(
             result.logits, [r.request_id for r in sampling], [r.params for r in sampling]
         )
-        for chunk in sched.chunks:
-            chunk.req.num_computed_tokens += chunk.num_tokens
-            self.blocks.register_full_blocks(chunk.req)
+        self.scheduler.advance(sched)
         now = time.time()
         outputs, finished = [], []
         for req, token, lp in zip(sampling, sampled.token_ids, sampled.logprobs, strict=True):

@@ -4,11 +4,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine.config import ModelConfig
 from engine.ep.placement import a2a_bytes, gather_bytes, imbalance
 from engine.outputs import tpot
 from engine.request import Request
 from engine.runner import ForwardResult
-from engine.scheduler import SchedulerOutput
+from engine.scheduler import Scheduler, SchedulerOutput
 from engine.telemetry import (
     A2AInfo,
     BatchInfo,
@@ -27,27 +28,26 @@ if TYPE_CHECKING:
 
 
 def step_telemetry(
-    eng: "LLMEngine",
+    session: str,
+    knobs_version: int,
+    scheduler: Scheduler,
     sched: SchedulerOutput,
-    result: ForwardResult | None,
+    dur_ms: Durations,
     finished: list[Request],
-    durations: list[float],
     applied: list[KnobChange],
     arrived: int,
     t: float,
+    experts: ExpertInfo,
+    a2a: A2AInfo,
 ) -> StepTelemetry:
-    """The record of one step; `durations` are schedule, prepare, forward, sample and total s."""
-    ms = [round(d * 1000, 3) for d in durations]
-    moe_ms = round(result.moe_seconds * 1000, 3) if result else 0.0
-    sch, knobs = eng.scheduler, eng.knobs
+    """The record of one step (the engine's, or the twin's on its simulated clock)."""
+    knobs = scheduler.knobs
     return StepTelemetry(
-        session=eng.session,
+        session=session,
         step=sched.step,
         t=t,
-        knobs_version=eng.applied_knobs_version,
-        dur_ms=Durations(
-            schedule=ms[0], prepare=ms[1], forward=ms[2], moe=moe_ms, sample=ms[3], total=ms[4]
-        ),
+        knobs_version=knobs_version,
+        dur_ms=dur_ms,
         batch=BatchInfo(
             max_slots=knobs.max_num_seqs,
             token_budget=knobs.max_num_batched_tokens,
@@ -65,16 +65,16 @@ def step_telemetry(
             ],
         ),
         queue=QueueInfo(
-            waiting=len(sch.waiting),
-            running=len(sch.running),
-            swapped=len(sch.swapped),
+            waiting=len(scheduler.waiting),
+            running=len(scheduler.running),
+            swapped=len(scheduler.swapped),
             arrived=arrived,
             finished=len(finished),
             preempted=len(sched.preempted),
         ),
-        kv=kv_info(eng),
-        experts=expert_info(eng, result),
-        a2a=a2a_info(eng, result, sched.num_prefill_tokens + sched.num_decode_tokens),
+        kv=kv_info(scheduler),
+        experts=experts,
+        a2a=a2a,
         latency=LatencyInfo(
             ttft_ms=[round(r.ttft_s * 1000, 3) for r in finished if r.ttft_s is not None],
             tpot_ms=[
@@ -85,8 +85,21 @@ def step_telemetry(
     )
 
 
-def kv_info(eng: "LLMEngine") -> KVInfo:
-    s = eng.blocks.stats()
+def durations(seconds: list[float], moe_s: float) -> Durations:
+    """`seconds`: schedule, prepare, forward, sample and total, as measured around a step."""
+    ms = [round(d * 1000, 3) for d in seconds]
+    return Durations(
+        schedule=ms[0],
+        prepare=ms[1],
+        forward=ms[2],
+        moe=round(moe_s * 1000, 3),
+        sample=ms[3],
+        total=ms[4],
+    )
+
+
+def kv_info(scheduler: Scheduler) -> KVInfo:
+    s = scheduler.blocks.stats()
     return KVInfo(
         block_size=s.block_size,
         total=s.total,
@@ -94,37 +107,40 @@ def kv_info(eng: "LLMEngine") -> KVInfo:
         used=s.used,
         cached=s.cached,
         free=s.free,
-        tokens=filled_kv_tokens(eng),
-        watermark_blocks=int(eng.knobs.kv_watermark * s.usable),
+        tokens=filled_kv_tokens(scheduler),
+        watermark_blocks=int(scheduler.knobs.kv_watermark * s.usable),
         host_total=s.host_total,
         host_used=s.host_used,
         prefix_hit_rate=s.prefix_hit_rate,
     )
 
 
-def filled_kv_tokens(eng: "LLMEngine") -> int:
+def filled_kv_tokens(scheduler: Scheduler) -> int:
     """Token slots filled in used blocks; shared prefix blocks are full and count once."""
-    bs = eng.blocks.block_size
-    partial = [
-        r.num_computed_tokens % bs for r in eng.scheduler.running if r.num_computed_tokens % bs
-    ]
-    return (eng.blocks.num_used - len(partial)) * bs + sum(partial)
+    blocks = scheduler.blocks
+    bs = blocks.block_size
+    partial = [r.num_computed_tokens % bs for r in scheduler.running if r.num_computed_tokens % bs]
+    return (blocks.num_used - len(partial)) * bs + sum(partial)
 
 
-def expert_info(eng: "LLMEngine", result: ForwardResult | None) -> ExpertInfo:
-    cfg = eng.model_config
+def expert_info(cfg: ModelConfig, result: ForwardResult | None) -> ExpertInfo:
     if result is None:
         counts = torch.zeros(cfg.num_layers, cfg.num_experts, dtype=torch.long)
         dropped = [0] * cfg.num_layers
     else:
         counts = result.expert_counts
         dropped = result.expert_dropped.tolist()
+    return expert_counts_info(counts, dropped, cfg.top_k)
+
+
+def expert_counts_info(counts: torch.Tensor, dropped: list[int], top_k: int) -> ExpertInfo:
+    """ExpertInfo for routed counts [layers, experts] and dropped pairs per layer."""
     peak = counts.max(dim=1).values.clamp(min=1)
     balance = (counts.float().mean(dim=1) / peak).tolist()
     return ExpertInfo(
-        layers=cfg.num_layers,
-        experts=cfg.num_experts,
-        top_k=cfg.top_k,
+        layers=counts.shape[0],
+        experts=counts.shape[1],
+        top_k=top_k,
         counts=counts.tolist(),
         dropped=dropped,
         balance=[round(x, 4) for x in balance],
