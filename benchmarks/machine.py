@@ -42,6 +42,6 @@ def describe(m: dict[str, Any]) -> str:
     load = " / ".join(f"{x:.2f}" for x in m["load_avg"])
     return (
         f"{m['cpu']}, {m['cores']} cores usable (of {m['cpu_count']}){gpu}; load average "
-        f"{load} (1, 5, 15 min) as the run ended; torch {m['torch']} with "
+        f"{load} over 1, 5, 15 min when measured; torch {m['torch']} with "
         f"{m['torch_threads']} intra-op thread(s), Python {m['python']}"
     )
