@@ -70,7 +70,7 @@ def cmd_show(store: Store, args: argparse.Namespace) -> None:
     print(
         f"{'requests':<16}{s['requests']}  {stats['finish_reasons']}  prompt tokens "
         f"{stats['prompt_tokens']}, output tokens {stats['output_tokens']}, TTFT ms p50 "
-        f"{stats['ttft_ms_p50']} p90 {stats['ttft_ms_p90']}"
+        f"{stats['ttft_ms_p50']} p90 {stats['ttft_ms_p90']} p99 {stats['ttft_ms_p99']}"
     )
     print(f"{'knob changes':<16}{s['knob_changes']}")
     print(f"{'knobs at start':<16}{json.dumps(s['knobs'])}")

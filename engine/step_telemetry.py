@@ -6,7 +6,6 @@ import torch
 
 from engine.config import ModelConfig
 from engine.ep.placement import a2a_bytes, gather_bytes, imbalance
-from engine.outputs import tpot
 from engine.request import Request
 from engine.runner import ForwardResult
 from engine.scheduler import Scheduler, SchedulerOutput
@@ -22,6 +21,7 @@ from engine.telemetry import (
     Slot,
     StepTelemetry,
 )
+from stats import tpot
 
 if TYPE_CHECKING:
     from engine.engine import LLMEngine

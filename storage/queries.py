@@ -1,12 +1,12 @@
 """Reading sessions back: lists, summaries, steps in a range, knob changes, requests; edits."""
 
-import statistics
 from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Row, delete, func, select, update
 from sqlalchemy.orm import Session
 
+from stats import QUANTILES, summary
 from storage.models import KnobChangeRow, RequestRow, SessionRow, StepRow
 from storage.store import SessionNotFound, SessionOpen, Store
 
@@ -111,16 +111,19 @@ def get_session(store: Store, session_id: str) -> dict[str, Any]:
 
 
 def _request_stats(reqs: Sequence[Row[str, int, int, float | None]]) -> dict[str, Any]:
+    """Finish reasons, token counts and TTFT percentiles (`stats.summary`, None without any)."""
     reasons: dict[str, int] = {}
     for r in reqs:
         reasons[r.finish_reason] = reasons.get(r.finish_reason, 0) + 1
-    ttft = sorted(r.ttft_ms for r in reqs if r.ttft_ms is not None)
+    ttft = summary(r.ttft_ms for r in reqs if r.ttft_ms is not None)
     return {
         "finish_reasons": reasons,
         "prompt_tokens": sum(r.prompt_len for r in reqs),
         "output_tokens": sum(r.output_len for r in reqs),
-        "ttft_ms_p50": round(statistics.median(ttft), 3) if ttft else None,
-        "ttft_ms_p90": round(ttft[min(len(ttft) - 1, int(0.9 * len(ttft)))], 3) if ttft else None,
+        **{
+            f"ttft_ms_p{q}": None if (v := ttft[f"p{q}"]) is None else round(v, 3)
+            for q in QUANTILES
+        },
     }
 
 
