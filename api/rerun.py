@@ -16,20 +16,7 @@ from engine.loop import EngineDead, EngineLoop
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from storage import Recorder
-
-
-@dataclass
-class TraceItem:
-    offset_s: float
-    prompt_len: int
-    output_len: int
-
-
-def trace_of(records: list[dict[str, Any]]) -> list[TraceItem]:
-    """Arrival offsets (from the first arrival) and lengths, in arrival order."""
-    records = sorted(records, key=lambda r: r["arrival"])
-    t0 = records[0]["arrival"] if records else 0.0
-    return [TraceItem(r["arrival"] - t0, r["prompt_len"], r["output_len"]) for r in records]
+from tuning.trace import TraceItem
 
 
 def synth_prompt(seed: str, length: int, vocab_size: int) -> list[int]:

@@ -13,12 +13,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.control import engine_description
 from api.errors import APIError
-from api.rerun import Rerun, run_rerun, trace_of
+from api.rerun import Rerun, run_rerun
 from api.settings import ServerSettings
 from engine.loop import EngineLoop
 from storage import Recorder, SessionNotFound, Store
 from storage import queries as q
 from storage.export import iter_jsonl, write_parquet
+from tuning.trace import trace_of
 
 router = APIRouter()
 
