@@ -1,11 +1,14 @@
 """The step-cost model: a step's duration from its composition, fitted from telemetry.
 
-Two non-negative linear models over `features.FEATURES`: the engine's own step time
-(`dur_ms.total`) and the loop's overhead around it (delivering outputs, publishing records),
-measured as the time from the previous step's end to this one's end, less its own time, for
-steps that followed a busy step (so no idle wait is counted). Their sum is how far a step
-moves the clock. Non-negative weights keep the model monotone, so it extrapolates sanely
-to larger batches than it saw, and `outside` says when a step lies far beyond them.
+Three non-negative linear models: the MoE layers' time (`dur_ms.moe`) over the expert
+features, the rest of the engine's step (`dur_ms.total` less MoE) over the batch features,
+and the loop's overhead around the step (delivering outputs, publishing records) over the
+batch features, measured as the time from the previous step's end to this one's end, less
+the step's own time, for steps that followed a busy step (so no idle wait is counted).
+Timing MoE apart keeps expert load and batch size from standing in for each other (they
+move together until a capacity factor drops pairs). Step time plus overhead is how far a
+step moves the clock. Non-negative weights keep the model monotone, so it extrapolates
+sanely to larger batches than it saw, and `outside` says when a step lies far beyond them.
 """
 
 from dataclasses import dataclass
@@ -16,17 +19,17 @@ from sklearn.linear_model import LinearRegression
 
 from engine.errors import InvalidInput
 from engine.knobs import Knobs
-from tuning.features import FEATURES, recorded_features
+from tuning.features import BATCH, FEATURES, MOE, recorded_features
 
 MIN_STEPS = 40  # busy steps needed to fit
 HOLDOUT_EVERY = 5  # every 5th step is held out to measure the fit error
 REACH = 2.0  # how far past the largest value seen a step may lie and still be predicted
-SHAPE = ("prefill_tokens", "prefill_attn_k", "decode_seqs", "decode_ctx_k", "expert_peak")
+SHAPE = ("prefill_tokens", "prefill_attn_k", "decode_seqs", "decode_ctx_k", "expert_pairs_k")
 
 
 @dataclass(frozen=True)
 class CostModel:
-    step_w: np.ndarray  # ms per unit of each feature: the engine's step time
+    step_w: np.ndarray  # ms per unit of each feature: the engine's step time (dense + MoE)
     overhead_w: np.ndarray  # ms per unit: the loop's time between steps
     seen_max: np.ndarray  # the largest value of each feature in the fit
     mape: float  # of the step period on held-out steps
@@ -70,10 +73,10 @@ def knobs_by_step(initial: dict[str, Any], steps: list[dict[str, Any]]) -> list[
 
 def training_rows(
     steps: list[dict[str, Any]], knobs: list[dict[str, Any]]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Features, step times and loop overheads (ms) of the steps that ran work right after a
-    busy step."""
-    xs, step_ms, overhead_ms = [], [], []
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Features, step times, their MoE part and loop overheads (ms) of the steps that ran
+    work right after a busy step."""
+    xs, step_ms, moe_ms, overhead_ms = [], [], [], []
     for prev, step, k in zip(steps, steps[1:], knobs[1:], strict=False):
         busy_before = sum(prev["queue"][q] for q in ("waiting", "running", "swapped")) > 0
         if not step["batch"]["slots"] or not busy_before or step["step"] != prev["step"] + 1:
@@ -81,15 +84,17 @@ def training_rows(
         total = step["dur_ms"]["total"]
         xs.append(recorded_features(step, k.get("expert_capacity_factor")))
         step_ms.append(total)
+        moe_ms.append(min(step["dur_ms"]["moe"], total))
         overhead_ms.append(max(0.0, (step["t"] - prev["t"]) * 1000 - total))
-    return np.array(xs).reshape(-1, len(FEATURES)), np.array(step_ms), np.array(overhead_ms)
+    x = np.array(xs).reshape(-1, len(FEATURES))
+    return x, np.array(step_ms), np.array(moe_ms), np.array(overhead_ms)
 
 
 def fit(steps: list[dict[str, Any]], initial_knobs: dict[str, Any]) -> CostModel:
     """Fit from recorded StepTelemetry dicts (in step order) and the session's first knobs.
 
     Raises InvalidInput (`source`) when fewer than MIN_STEPS busy steps are there."""
-    x, step_ms, overhead_ms = training_rows(steps, knobs_by_step(initial_knobs, steps))
+    x, step_ms, moe_ms, overhead_ms = training_rows(steps, knobs_by_step(initial_knobs, steps))
     if len(x) < MIN_STEPS:
         raise InvalidInput(
             f"a cost model needs at least {MIN_STEPS} busy steps that follow another; "
@@ -97,13 +102,26 @@ def fit(steps: list[dict[str, Any]], initial_knobs: dict[str, Any]) -> CostModel
             "source",
         )
     held = np.arange(len(x)) % HOLDOUT_EVERY == HOLDOUT_EVERY - 1
-    w_step, w_over = _fit(x[~held], step_ms[~held]), _fit(x[~held], overhead_ms[~held])
+    train = ~held
+    w_step = _step_weights(x[train], step_ms[train], moe_ms[train])
+    w_over = _fit(x[train], overhead_ms[train], BATCH)
     period = step_ms[held] + overhead_ms[held]
     predicted = x[held] @ (w_step + w_over)
     mape = float(np.mean(np.abs(predicted - period) / np.maximum(period, 1e-3)))
-    return CostModel(_fit(x, step_ms), _fit(x, overhead_ms), x.max(axis=0), mape, len(x))
+    return CostModel(
+        _step_weights(x, step_ms, moe_ms), _fit(x, overhead_ms, BATCH), x.max(axis=0), mape, len(x)
+    )
 
 
-def _fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    model = LinearRegression(positive=True, fit_intercept=False).fit(x, y)
-    return np.asarray(model.coef_, dtype=np.float64)
+def _step_weights(x: np.ndarray, step_ms: np.ndarray, moe_ms: np.ndarray) -> np.ndarray:
+    """The MoE time over the expert features plus the rest over the batch features."""
+    return _fit(x, moe_ms, MOE) + _fit(x, step_ms - moe_ms, BATCH)
+
+
+def _fit(x: np.ndarray, y: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
+    """Non-negative weights over the `names` columns of `x` (zero elsewhere)."""
+    cols = [FEATURES.index(n) for n in names]
+    model = LinearRegression(positive=True, fit_intercept=False).fit(x[:, cols], y)
+    w = np.zeros(len(FEATURES))
+    w[cols] = model.coef_
+    return w

@@ -6,18 +6,22 @@ from typing import Any
 
 import numpy as np
 
-FEATURES = (
+BATCH = (  # what the dense part of a step (attention, norms, projections) and the loop cost
     "const",  # per-step overhead
     "prefill_tokens",
     "prefill_seqs",  # each prefill chunk runs its own attention call
     "prefill_attn_k",  # sum of chunk tokens x context, in thousands
     "decode_seqs",
     "decode_ctx_k",  # sum of decode contexts, in thousands
+)
+MOE = (  # what the MoE layers cost (telemetry times them apart: dur_ms.moe)
+    "expert_pairs_k",  # kept token-expert pairs over all layers, in thousands
     "expert_peak",  # sum over layers of the most-loaded expert's kept pairs
     "experts_active",  # sum over layers of experts with any kept pair
     "rank_peak",  # the busiest rank's kept pairs over all layers (expert parallel)
     "a2a_mb",  # all-to-all and all-gather megabytes (expert parallel)
 )
+FEATURES = BATCH + MOE
 
 
 def capacity(factor: float | None, tokens: int, top_k: int, num_experts: int) -> int | None:
@@ -50,6 +54,7 @@ def step_features(
             sum(s["tokens"] * s["ctx"] for s in prefill) / 1000,
             len(decode),
             sum(s["ctx"] for s in decode) / 1000,
+            float(kept_counts.sum()) / 1000,
             float(kept_counts.max(axis=1).sum()) if kept_counts.size else 0.0,
             float((kept_counts > 0).sum()),
             0.0 if rank_pairs is None else float(rank_pairs.max()),
