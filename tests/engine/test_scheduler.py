@@ -68,9 +68,7 @@ def add(
 def complete(sched: Scheduler, out: SchedulerOutput) -> list[Request]:
     """What the engine does once the step's forward ran; returns the requests that finished."""
     sampling = [c.req for c in out.chunks if c.sample]
-    for chunk in out.chunks:
-        chunk.req.num_computed_tokens += chunk.num_tokens
-        sched.blocks.register_full_blocks(chunk.req)
+    sched.advance(out)
     finished = []
     for req in sampling:
         req.append_token(7, 0.0)
