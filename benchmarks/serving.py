@@ -42,8 +42,11 @@ TARGETS = {
 
 
 @contextlib.contextmanager
-def server(model: str, threads: int, metrics: bool, extra: list[str]) -> Iterator[str]:
-    """`moescope serve` in a subprocess on a free port; yields its URL."""
+def server(
+    model: str, threads: int, metrics: bool, extra: list[str], db: str | None = None
+) -> Iterator[str]:
+    """`moescope serve` in a subprocess on a free port, recording into `db` (None: not
+    recording); yields its URL."""
     port = free_port()
     cmd = [
         sys.executable,
@@ -56,7 +59,7 @@ def server(model: str, threads: int, metrics: bool, extra: list[str]) -> Iterato
         str(port),
         "--threads",
         str(threads),
-        "--no-record",
+        *(["--db", db] if db else ["--no-record"]),
         *extra,
         *([] if metrics else ["--no-metrics"]),
     ]
