@@ -18,11 +18,16 @@ class VerifyError(RuntimeError):
     """The server refused a call or the rerun did not finish: the message says which."""
 
 
-def _call(client: httpx.Client, method: str, path: str, **kwargs: Any) -> Any:
+def _call(
+    client: httpx.Client, method: str, path: str, missing_ok: bool = False, **kwargs: Any
+) -> Any:
+    """The JSON answer; None for a 404 when `missing_ok`, VerifyError for other errors."""
     try:
         resp = client.request(method, path, **kwargs)
     except httpx.HTTPError as exc:
         raise VerifyError(f"cannot reach {client.base_url}: {exc}") from None
+    if resp.status_code == 404 and missing_ok:
+        return None
     if resp.status_code >= 400:
         try:
             message = resp.json()["error"]["message"]
@@ -64,9 +69,10 @@ def _recorded(
     """The rerun's steps and requests once it has ended and all of them are written."""
     progress: dict[str, Any] = {}
     while True:
-        info = _call(client, "GET", f"/api/sessions/{session}")
+        # None until the recorder has written the new session's row
+        info = _call(client, "GET", f"/api/sessions/{session}", missing_ok=True) or {}
         progress = info.get("rerun") or progress
-        ended = info["ended_t"] is not None and progress.get("done")
+        ended = info.get("ended_t") is not None and progress.get("done")
         if ended and info["requests"] >= progress["submitted"]:
             steps, records = _steps(client, session), _requests(client, session)
             # the step in which the last request finished is written by then too

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sklearn.linear_model import LinearRegression
 
 from engine.errors import InvalidInput
 from engine.knobs import Knobs
@@ -105,5 +104,9 @@ def fit(steps: list[dict[str, Any]], initial_knobs: dict[str, Any]) -> CostModel
 
 
 def _fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    # imported here: scikit-learn takes a second or more to import, which every `moescope`
+    # command (they all import the server, which imports the twin) would otherwise pay
+    from sklearn.linear_model import LinearRegression
+
     model = LinearRegression(positive=True, fit_intercept=False).fit(x, y)
     return np.asarray(model.coef_, dtype=np.float64)

@@ -42,7 +42,9 @@ def live_trace(
 ) -> list[TraceItem]:
     """The trace from `now` on: the queued requests first, in the engine's order, all due at
     once; then the arrivals of the last `window_s` seconds (ended RequestRecord dicts in
-    `recent`, and the queued requests) repeated over `horizon_s`, in time order.
+    `recent`, and the queued requests) mirrored into the future, in time order: one that
+    arrived x seconds ago arrives again x seconds from now, and every `window_s` after that,
+    up to `horizon_s`.
 
     A queued request with output so far enters at 0 with its prompt and output as its
     prompt (it re-prefills) and the rest of its max_tokens to go; one without output keeps
@@ -53,16 +55,15 @@ def live_trace(
         else TraceItem(0.0, q.prompt_len + q.generated, q.max_tokens - q.generated)
         for q in queued
     ]
-    start = now - window_s
     pattern = [(r["arrival"], r["prompt_len"], r["output_len"]) for r in recent]
     pattern += [(q.arrival, q.prompt_len, q.max_tokens) for q in queued]
-    pattern = [(a - start, p, n) for a, p, n in pattern if a >= start and n > 0]
+    pattern = [(now - a, p, n) for a, p, n in pattern if now - a <= window_s and n > 0]
     repeats = math.ceil(horizon_s / window_s) if window_s > 0 else 0
     future = [
         TraceItem(offset, p, n)
         for k in range(repeats)
-        for rel, p, n in pattern
-        if 0 <= (offset := rel + k * window_s) <= horizon_s
+        for ago, p, n in pattern
+        if 0 <= (offset := ago + k * window_s) <= horizon_s
     ]
     return items + sorted(future, key=lambda item: item.offset_s)
 
@@ -82,8 +83,7 @@ def twin_from_live(
     in step order and `recent` its recently ended RequestRecord dicts; `snapshot` holds the
     queue and every knob change applied since the first of `steps` (and since `version`).
     The twin's knobs are those in force at `version` (default: at the snapshot).
-    Raises InvalidInput (`source`) when the steps are too few to fit or nothing is queued
-    or arrived."""
+    Raises InvalidInput (`source`) when the steps are too few to fit."""
     setup, context = engine_setup(config)
     if not steps:
         raise InvalidInput("the live engine has run no steps yet: nothing to fit", "source")
@@ -94,12 +94,6 @@ def twin_from_live(
     except InvalidInput as exc:
         raise InvalidInput(f"the live engine has seen too few steps: {exc}", "source") from None
     trace = live_trace(snapshot.requests, recent, snapshot.t, window_s, horizon_s)
-    if not trace:
-        raise InvalidInput(
-            f"no request is queued and none arrived in the last {window_s:.0f} s: "
-            "nothing to simulate",
-            "source",
-        )
     block = setup.cache.block_size
     context["min_blocks"] = max(
         (
@@ -121,7 +115,8 @@ def _notes(snapshot: QueueSnapshot, size: int, window_s: float, horizon_s: float
         "output so far re-prefill their prompt and output (no KV cache is carried over, "
         "swapped ones included) and their TTFT and TPOT count from now; those without "
         "output keep their arrival, so their TTFT counts the wait so far",
-        f"new arrivals repeat the last {window_s:.1f} s of arrivals ({size - queued} over the "
+        f"new arrivals mirror the last {window_s:.1f} s: a request that arrived x s ago arrives "
+        f"again x s from now and every {window_s:.1f} s after ({size - queued} within the "
         f"{horizon_s:g} s horizon, lengths as recorded; requests still in the engine are "
         "taken to run to max_tokens)",
     ]
