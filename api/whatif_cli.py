@@ -16,7 +16,7 @@ import stats
 from api.cli_args import int_at_least, positive
 from api.sessions_cli import CommandError, db_argument, with_store
 from api.tune_verify import VerifyError, verify
-from api.whatif_text import knob_rows, metric_rows, table, value_text, whatif_text
+from api.whatif_text import knob_rows, metric_rows, table, whatif_text
 from storage import Store
 from storage import queries as q
 from tuning.outcome import METRICS
@@ -146,7 +146,7 @@ def _trial(trial: Trial) -> dict[str, Any]:
 
 def _tune_text(report: dict[str, Any], names: list[str], target: Target) -> str:
     sides = [report["current"], report["best_goodput"], report["best_attainment"]]
-    rows = knob_rows(sides, names) if sides[0]["knobs"] else []
+    rows = knob_rows([side["changes"] for side in sides], names)
     rows += metric_rows(sides, SCORES)
     meets = [s["slo_attainment"] is not None and s["slo_attainment"] >= target.share for s in sides]
     rows.append([f"meets {100 * target.share:g}% target", *("yes" if m else "no" for m in meets)])
@@ -162,11 +162,7 @@ def _tune_text(report: dict[str, Any], names: list[str], target: Target) -> str:
     ]
     if "verify" in report:
         measured = report["verify"]
-        names_all = (*SCORES, *METRICS)
-        rows = [
-            [*row, value_text(n, measured.get(n))]
-            for row, n in zip(metric_rows([sides[1]], names_all), names_all, strict=True)
-        ]
+        rows = metric_rows([sides[1], measured], (*SCORES, *METRICS))
         lines += [
             "",
             f"verified on the server: rerun {measured['session']} under knobs version "

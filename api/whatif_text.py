@@ -54,8 +54,8 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def knob_rows(sides: list[dict[str, Any]], names: list[str]) -> list[list[str]]:
-    """One row per knob in `names`: its value on each side."""
-    return [[name, *(str(side["knobs"][name]) for side in sides)] for name in names]
+    """One row per knob in `names`: its value on each side (a dict of knob values)."""
+    return [[name, *(str(side[name]) for side in sides)] for name in names]
 
 
 def metric_rows(sides: list[dict[str, Any]], names: tuple[str, ...]) -> list[list[str]]:
@@ -67,7 +67,7 @@ def whatif_text(result: dict[str, Any]) -> str:
     """Current against candidate: the knobs that differ, then every metric with its change."""
     cur, new = result["current"], result["candidate"]
     changed = [k for k in new["knobs"] if new["knobs"][k] != cur["knobs"][k]]
-    rows = knob_rows([cur, new], changed)
+    rows = knob_rows([cur["knobs"], new["knobs"]], changed)
     names = (*METRICS, "unfinished")
     for row, name in zip(metric_rows([cur, new], names), names, strict=True):
         rows.append([*row, change_text(cur.get(name), new.get(name))])
