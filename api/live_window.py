@@ -12,7 +12,9 @@ from engine.knobs import Knobs
 from engine.loop import EngineLoop
 from tuning.outcome import METRICS, StepCounts, outcome, step_counts, totals
 
-FIT_STEPS = 2048  # whole step records kept to fit the live twin's cost model
+# whole step records kept to fit the live twin's cost model: plenty for its ten weights, and
+# each is tens of KB in memory with many experts and slots
+FIT_STEPS = 512
 MAX_COUNTS = 1 << 17  # per-step counts kept for observations (a bound on memory)
 MAX_RECORDS = 1 << 16  # ended requests kept
 
