@@ -20,6 +20,7 @@ from api.loadgen import add_load_arguments, main_load, percentiles_text
 from api.server import build_loop, config_from_args
 from api.sessions_cli import add_session_commands, default_db
 from api.settings import ServerSettings
+from api.whatif_cli import add_whatif_commands
 from dashboard.__main__ import main as dashboard_main
 from engine import LLM, SamplingParams
 from engine.ep.ranks import serve_rank, torchrun_rank
@@ -135,6 +136,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         db_url=args.db,
         record=not args.no_record,
         record_buffer=args.record_buffer,
+        whatif_horizon_s=args.whatif_horizon,
     )
     if args.host not in ("127.0.0.1", "localhost", "::1") and settings.api_key is None:
         print(f"warning: serving on {args.host} without an API key", file=sys.stderr)
@@ -228,6 +230,13 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         help="steps buffered while the database is slow or gone, then dropped",
     )
     p.add_argument(
+        "--whatif-horizon",
+        type=positive,
+        default=60.0,
+        metavar="S",
+        help="seconds after a knob change at which the what-if scorecard observes it",
+    )
+    p.add_argument(
         "--threads",
         type=int_at_least(1),
         default=None,
@@ -312,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     dash.add_argument("--port", type=port, default=8501)
     dash.set_defaults(func=cmd_dashboard)
     add_session_commands(sub)
+    add_whatif_commands(sub)
     return parser
 
 

@@ -21,7 +21,7 @@ JSON_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def _check_types(changes: dict[str, Any], schema: dict[str, dict[str, Any]]) -> None:
+def check_knob_types(changes: dict[str, Any], schema: dict[str, dict[str, Any]]) -> None:
     """Strict JSON types (no "8" for 8, no true for 1); pydantic checks ranges afterwards."""
     for name, value in changes.items():
         entry = schema.get(name)
@@ -34,7 +34,8 @@ def _check_types(changes: dict[str, Any], schema: dict[str, dict[str, Any]]) -> 
             )
 
 
-def _schema(engine_loop: EngineLoop) -> dict[str, dict[str, Any]]:
+def live_knob_schema(engine_loop: EngineLoop) -> dict[str, dict[str, Any]]:
+    """`knob_schema` of the live engine (its allocated blocks bound kv_capacity_blocks)."""
     return knob_schema(engine_loop.engine.blocks.total)
 
 
@@ -89,7 +90,7 @@ async def get_knobs(request: Request) -> dict[str, Any]:
         "knobs": s["knobs"],
         "version": s["knobs_version"],
         "applied_version": s["applied_knobs_version"],
-        "schema": _schema(engine_loop),
+        "schema": live_knob_schema(engine_loop),
     }
 
 
@@ -101,10 +102,10 @@ async def patch_knobs(
 ) -> dict[str, Any]:
     """Validate the change as a whole; it applies at the next step boundary."""
     engine_loop: EngineLoop = request.app.state.engine_loop
-    schema = _schema(engine_loop)
+    schema = live_knob_schema(engine_loop)
     if not changes:
         raise APIError(422, 'no knobs given; send a JSON object like {"max_num_seqs": 8}')
-    _check_types(changes, schema)
+    check_knob_types(changes, schema)
     try:
         version = await asyncio.wrap_future(engine_loop.update_knobs(changes, origin))
     except InvalidInput as exc:

@@ -14,6 +14,7 @@ from engine.engine import LLMEngine
 from engine.errors import InvalidInput
 from engine.knobs import Knobs
 from engine.outputs import RequestOutput
+from engine.queue_snapshot import QueueSnapshot, queue_snapshot
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 
@@ -48,7 +49,13 @@ class _Rebalance:
     future: "Future[dict[str, Any]]"
 
 
-Command = _Add | _Abort | _KnobUpdate | _Rebalance
+@dataclass
+class _Snapshot:
+    since_version: int
+    future: "Future[QueueSnapshot]"
+
+
+Command = _Add | _Abort | _KnobUpdate | _Rebalance | _Snapshot
 
 
 class EngineDead(RuntimeError):
@@ -158,6 +165,14 @@ class EngineLoop:
         self._inbox.put(_Rebalance(window, replicas, origin, future))
         return future
 
+    def snapshot(self, since_version: int = 0) -> "Future[QueueSnapshot]":
+        """The queues and knobs at the next step boundary (at once when idle), read on the
+        engine thread; it changes nothing. Knob changes newer than `since_version` come too."""
+        self._check_alive()
+        future: Future[QueueSnapshot] = Future()
+        self._inbox.put(_Snapshot(since_version, future))
+        return future
+
     def knob_history(self) -> list[dict[str, Any]]:
         """Every applied knob change, oldest first."""
         return [c.model_dump() for c in list(self.engine.knob_changes)]
@@ -233,6 +248,8 @@ class EngineLoop:
             self._abort(item.request_id)
         elif isinstance(item, _KnobUpdate):
             self._update_knobs(item)
+        elif isinstance(item, _Snapshot):
+            item.future.set_result(queue_snapshot(self.engine, item.since_version))
         else:
             self._add(item)
 
@@ -299,7 +316,7 @@ class EngineLoop:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            if isinstance(item, _KnobUpdate | _Rebalance):
+            if isinstance(item, _KnobUpdate | _Rebalance | _Snapshot):
                 item.future.set_exception(EngineDead(message))
             elif isinstance(item, _Add):
                 _call(item.on_output, _error_output(item.req.request_id, message))

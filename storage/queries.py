@@ -7,7 +7,7 @@ from sqlalchemy import Row, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from stats import QUANTILES, summary
-from storage.models import KnobChangeRow, RequestRow, SessionRow, StepRow
+from storage.models import KnobChangeRow, RequestRow, ScorecardRow, SessionRow, StepRow
 from storage.store import SessionNotFound, SessionOpen, Store
 
 MAX_STEPS_PER_QUERY = 10_000
@@ -154,6 +154,24 @@ def steps(
         return list(conn.execute(query.order_by(StepRow.step).limit(limit)).scalars())
 
 
+def all_steps(store: Store, session_id: str) -> list[dict[str, Any]]:
+    """Every telemetry record of a session in step order, read a page at a time."""
+    out: list[dict[str, Any]] = []
+    while True:
+        page = steps(store, session_id, out[-1]["step"] + 1 if out else None)
+        out += page
+        if len(page) < MAX_STEPS_PER_QUERY:
+            return out
+
+
+def recording(
+    store: Store, session_id: str
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    """A session's summary (with its config and knobs), all its steps and its request records,
+    as the what-if twin takes them; SessionNotFound for an unknown id."""
+    return get_session(store, session_id), all_steps(store, session_id), requests(store, session_id)
+
+
 def knob_changes(store: Store, session_id: str) -> list[dict[str, Any]]:
     """Applied knob changes in order: step, version, t, origin, {knob: [old, new]}."""
     query = (
@@ -215,7 +233,7 @@ def delete_session(store: Store, session_id: str, only_ended: bool = False) -> N
         if row.ended_t is None:
             raise SessionOpen(session_id)
     with store.engine.begin() as conn:
-        for table in (StepRow, KnobChangeRow, RequestRow):
+        for table in (StepRow, KnobChangeRow, RequestRow, ScorecardRow):
             conn.execute(delete(table).where(table.session_id == session_id))
         conn.execute(
             update(SessionRow).where(SessionRow.parent_id == session_id).values(parent_id=None)

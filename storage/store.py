@@ -132,6 +132,10 @@ class Store:
                 f"reads version {SCHEMA_VERSION}. Use another --db, or read that database with "
                 f"the moescope version that wrote it."
             )
+        if create:
+            # tables added since the database was made (the what-if scorecard) are created
+            # here, so an older database of this schema version stays usable
+            Base.metadata.create_all(self.engine)
 
     def close(self) -> None:
         self.engine.dispose()

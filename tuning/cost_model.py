@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sklearn.linear_model import LinearRegression
 
 from engine.errors import InvalidInput
 from engine.knobs import Knobs
@@ -120,6 +119,10 @@ def _step_weights(x: np.ndarray, step_ms: np.ndarray, moe_ms: np.ndarray) -> np.
 
 def _fit(x: np.ndarray, y: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
     """Non-negative weights over the `names` columns of `x` (zero elsewhere)."""
+    # imported here: scikit-learn takes a second or more to import, which every `moescope`
+    # command (they all import the server, which imports the twin) would otherwise pay
+    from sklearn.linear_model import LinearRegression
+
     cols = [FEATURES.index(n) for n in names]
     model = LinearRegression(positive=True, fit_intercept=False).fit(x[:, cols], y)
     w = np.zeros(len(FEATURES))

@@ -4,6 +4,8 @@ candidate ones, with the cost model fitted from its own steps."""
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from engine.config import CacheConfig
 from engine.ep.placement import Placement
 from engine.errors import InvalidInput
@@ -33,6 +35,8 @@ class Twin:
     def run(
         self, knobs: Knobs, horizon_s: float | None = None, keep_steps: bool = False
     ) -> SimResult:
+        # every run draws the same expert loads, so runs differ by their knobs, not by the draw
+        self.experts.rng = np.random.default_rng(0)
         return simulate(
             self.trace, knobs, self.setup, self.model, self.experts, horizon_s, keep_steps
         )
@@ -41,15 +45,22 @@ class Twin:
         """The session's knobs with `changes`, validated as the engine validates them."""
         return validate_knobs({**self.knobs.model_dump(), **changes}, self.context)
 
+    def predict(self, changes: dict[str, Any], horizon_s: float | None = None) -> dict[str, Any]:
+        """The outcome under the twin's knobs with `changes`; InvalidInput for bad knobs or a
+        candidate far beyond the recorded steps."""
+        knobs = self.candidate(changes)
+        result = self.run(knobs, horizon_s)
+        refuse_outside(result)
+        return {"knobs": knobs.model_dump(), **sim_outcome(result)}
+
     def compare(self, changes: dict[str, Any], horizon_s: float | None = None) -> dict[str, Any]:
         """Current and candidate knobs side by side, with the fit error; InvalidInput for
         bad knobs or a candidate far beyond the recorded steps."""
-        candidate = self.candidate(changes)
-        current, new = self.run(self.knobs, horizon_s), self.run(candidate, horizon_s)
-        _refuse_outside(new)
+        candidate = self.predict(changes, horizon_s)
+        current = self.run(self.knobs, horizon_s)
         return {
             "current": {"knobs": self.knobs.model_dump(), **sim_outcome(current)},
-            "candidate": {"knobs": candidate.model_dump(), **sim_outcome(new)},
+            "candidate": candidate,
             "fit": {"mape": round(self.model.mape, 4), "steps": self.model.num_steps},
             "requests": len(self.trace),
             "prefix_cache": PREFIX_NOTE,
@@ -68,7 +79,8 @@ def sim_outcome(result: SimResult) -> dict[str, Any]:
     return {**outcome(records, totals), "unfinished": result.unfinished}
 
 
-def _refuse_outside(result: SimResult) -> None:
+def refuse_outside(result: SimResult) -> None:
+    """InvalidInput (`knobs`) when too many simulated steps lie beyond the fitted ones."""
     if result.num_steps and result.outside_steps > OUTSIDE_SHARE * result.num_steps:
         worst = max(result.outside, key=result.outside.get)  # type: ignore[arg-type]
         raise InvalidInput(
@@ -79,14 +91,10 @@ def _refuse_outside(result: SimResult) -> None:
         )
 
 
-def twin_from_recording(
-    session: dict[str, Any], steps: list[dict[str, Any]], records: list[dict[str, Any]]
-) -> Twin:
-    """The twin of a recorded session (as `storage.queries` returns it: its `config` and
-    `knobs`, its StepTelemetry dicts and its request records)."""
-    if not records:
-        raise InvalidInput("the session recorded no requests to replay", "source")
-    config = session["config"]
+def engine_setup(config: dict[str, Any]) -> tuple[Setup, dict[str, Any]]:
+    """The simulated engine and the knob validation context (`validate_knobs`) of an engine
+    description: `config` as a session row and /api/status hold it (`model_config`,
+    `engine_config`). The context takes the smallest live request (one block)."""
     model_cfg, engine_cfg = config["model_config"], config["engine_config"]
     cache = CacheConfig(**engine_cfg["cache"])
     ep = engine_cfg["parallel"]["ep_size"]
@@ -100,6 +108,17 @@ def twin_from_recording(
         "ep_size": ep,
         "num_experts": model_cfg["num_experts"],
     }
+    return setup, context
+
+
+def twin_from_recording(
+    session: dict[str, Any], steps: list[dict[str, Any]], records: list[dict[str, Any]]
+) -> Twin:
+    """The twin of a recorded session (as `storage.queries` returns it: its `config` and
+    `knobs`, its StepTelemetry dicts and its request records)."""
+    if not records:
+        raise InvalidInput("the session recorded no requests to replay", "source")
+    setup, context = engine_setup(session["config"])
     knobs = validate_knobs(session["knobs"], context)
     model = fit(steps, session["knobs"])
     return Twin(setup, knobs, trace_of(records), model, ExpertDraw(steps), context)
