@@ -72,7 +72,9 @@ class Scorecard:
             log.exception("what-if scorecard: no prediction for version %s", entry["version"])
             entry["reason"] = f"no prediction: {type(exc).__name__}: {exc}"
         row = await self._write(db.add_prediction, entry)
-        await asyncio.sleep(max(0.0, applied_t + self.horizon_s - time.time()))
+        # asyncio's clock is monotonic and coarse: sleep again until the wall clock is there
+        while (left := applied_t + self.horizon_s - time.time()) > 0:
+            await asyncio.sleep(left)
         self.window.drain()
         observed = self.window.observe(applied_t, applied_t + self.horizon_s)
         during = [e for e in self.entries if applied_t < e["t"] <= applied_t + self.horizon_s]
