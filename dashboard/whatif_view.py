@@ -55,21 +55,36 @@ def preview_caption(answer: dict[str, Any]) -> str:
     )
 
 
+def entry_state(entry: dict[str, Any]) -> str:
+    """Where a scorecard entry stands: observed, waiting for its horizon, or not predicted."""
+    if entry.get("observed") is not None:
+        return "observed"
+    if entry.get("predicted") is None:
+        return entry.get("reason") or "no prediction"
+    return f"observing for {entry.get('horizon_s', '?')} s"
+
+
 def scorecard_rows(entries: list[dict[str, Any]]) -> list[dict[str, str]]:
-    """One row per applied change: version, origin, and predicted vs observed p90 TTFT,
-    p90 TPOT and throughput with the error of each."""
+    """One row per applied change: version, origin, what changed, and predicted vs observed
+    p90 TTFT, p90 TPOT and throughput with the error of each (the server's own errors)."""
     rows = []
     for e in entries:
-        row = {"version": str(e.get("version", "–")), "origin": str(e.get("origin", "–"))}
-        predicted, observed = e.get("predicted") or {}, e.get("observed") or {}
+        predicted = (e.get("predicted") or {}).get("candidate") or {}
+        errors = e.get("errors") or {}
+        observed = e.get("observed") or {}
+        row = {
+            "version": str(e.get("version", "–")),
+            "origin": str(e.get("origin", "–")),
+            "change": ", ".join(f"{k} {v[0]}→{v[1]}" for k, v in (e.get("changes") or {}).items()),
+        }
         for key, label in (
             ("ttft_p90_ms", "TTFT p90"),
             ("tpot_p90_ms", "TPOT p90"),
             ("throughput_tok_s", "tok/s"),
         ):
-            p, o = predicted.get(key), observed.get(key)
-            err = "–" if p is None or o is None or o == 0 else f"{(p - o) / abs(o):+.0%}"
-            row[label] = f"{_num(p)} / {_num(o)} ({err})"
-        row["state"] = str(e.get("state", "–"))
+            rel = (errors.get(key) or {}).get("relative")
+            err = "–" if rel is None else f"{rel:+.0%}"
+            row[label] = f"{_num(predicted.get(key))} / {_num(observed.get(key))} ({err})"
+        row["state"] = entry_state(e)
         rows.append(row)
     return rows

@@ -35,12 +35,25 @@ def test_scorecard_rows_give_the_error_of_each_prediction() -> None:
     entry = {
         "version": 3,
         "origin": "dashboard",
-        "predicted": {"ttft_p90_ms": 110.0, "tpot_p90_ms": 20.0, "throughput_tok_s": 90.0},
-        "observed": {"ttft_p90_ms": 100.0, "tpot_p90_ms": 25.0},
-        "state": "observed",
+        "changes": {"max_num_seqs": [64, 8]},
+        "horizon_s": 60,
+        "predicted": {
+            "candidate": {"ttft_p90_ms": 110.0, "tpot_p90_ms": 20.0, "throughput_tok_s": 90.0}
+        },
+        "observed": {"ttft_p90_ms": 100.0, "tpot_p90_ms": 25.0, "throughput_tok_s": None},
+        "errors": {
+            "ttft_p90_ms": {"relative": 0.1},
+            "tpot_p90_ms": {"relative": -0.2},
+            "throughput_tok_s": {"relative": None},
+        },
     }
     (row,) = scorecard_rows([entry])
     assert row["TTFT p90"] == "110 / 100 (+10%)"
     assert row["TPOT p90"] == "20 / 25 (-20%)"
     assert row["tok/s"] == "90 / – (–)"
-    assert (row["version"], row["origin"], row["state"]) == ("3", "dashboard", "observed")
+    assert (row["version"], row["origin"], row["change"]) == ("3", "dashboard", "max_num_seqs 64→8")
+    assert row["state"] == "observed"
+    waiting = {**entry, "observed": None, "errors": None}
+    assert scorecard_rows([waiting])[0]["state"] == "observing for 60 s"
+    refused = {"version": 4, "predicted": None, "reason": "no prediction: too few steps"}
+    assert scorecard_rows([refused])[0]["state"] == "no prediction: too few steps"
