@@ -33,7 +33,7 @@ def test_quick_run_predicts_reruns_and_judges() -> None:
     [session] = out["sessions"]
     assert session["name"] == "near" and session["requests"] == session["load_summary"]["ok"]
     assert session["recorded"]["steps"] > 0 and session["recorded"]["throughput_tok_s"] > 0
-    for part in (session, session["from_rerun"]):
+    for part in (session, session["from_recording"]):
         assert part["fit"]["steps"] >= 40 and part["fit"]["mape"] >= 0
         settings = part["settings"]
         assert list(settings)[0] == "defaults" and len(settings) == bench.QUICK_SETTINGS
@@ -42,10 +42,14 @@ def test_quick_run_predicts_reruns_and_judges() -> None:
         assert set(part["ranking"]) == set(bench.METRICS)
     first = session["settings"]
     assert {j["reruns"][0]["session"] for j in first.values()} == {
-        j["reruns"][0]["session"] for j in session["from_rerun"]["settings"].values()
+        j["reruns"][0]["session"] for j in session["from_recording"]["settings"].values()
     }
-    assert session["from_rerun"]["fit"]["session"] == first["defaults"]["reruns"][0]["session"]
-    for verdict in (out, out["from_rerun"]):
+    # the judged twin learns from a rerun of its own, neither the recording nor a measured one
+    measured = {run["session"] for j in first.values() for run in j["reruns"]}
+    source = session["fit"]["session"]
+    assert source not in measured and source != session["recorded"]["session"]
+    assert session["from_recording"]["fit"]["session"] == session["recorded"]["session"]
+    for verdict in (out, out["from_recording"]):
         assert set(verdict["targets"]) == set(bench.TARGETS)
         for key, t in verdict["targets"].items():
             value = t["value"]
