@@ -3,8 +3,9 @@
 Requests arrive from a trace; each step is scheduled by the real scheduler, costs what the
 cost model predicts for its composition and expert loads, and is accounted for exactly as
 the engine does (`Scheduler.advance`, then one token per sampling chunk, finishing at the
-recorded output length). Prefix caching is not simulated: requests are taken as sharing no
-prefix (reruns send distinct random prompts, so none do there either).
+recorded output length). Requests share no prefix (each gets distinct token ids, as reruns
+send distinct random prompts), but with prefix caching on a request preempted by recompute
+finds its own full blocks again, as it does in the engine.
 """
 
 from dataclasses import dataclass, field
@@ -95,7 +96,9 @@ class _Sim:
         t0: float,
     ) -> None:
         cache = setup.cache
-        blocks = BlockManager(cache.num_blocks, cache.block_size, cache.num_host_blocks, False)
+        blocks = BlockManager(
+            cache.num_blocks, cache.block_size, cache.num_host_blocks, cache.enable_prefix_caching
+        )
         blocks.set_usable(knobs.kv_capacity_blocks or cache.num_blocks)
         self.scheduler = Scheduler(blocks, knobs, setup.batching)
         self.setup, self.model, self.experts = setup, model, experts
@@ -128,7 +131,9 @@ class _Sim:
         while self.next < len(self.trace) and self.trace[self.next].offset_s <= self.clock:
             item = self.trace[self.next]
             params = SamplingParams(max_tokens=max(1, item.output_len), **PARAMS)
-            prompt = [0] * min(max(1, item.prompt_len), self.setup.max_model_len - 1)
+            size = min(max(1, item.prompt_len), self.setup.max_model_len - 1)
+            first = (self.next + 1) * self.setup.max_model_len  # ids no other request has
+            prompt = list(range(first, first + size))
             self.scheduler.add(Request(prompt, params, f"sim-{self.next}", item.offset_s))
             self.next += 1
             n += 1

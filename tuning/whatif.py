@@ -4,8 +4,6 @@ candidate ones, with the cost model fitted from its own steps."""
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from engine.config import CacheConfig
 from engine.ep.placement import Placement
 from engine.errors import InvalidInput
@@ -18,7 +16,10 @@ from tuning.trace import TraceItem, trace_of
 
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 OUTSIDE_SHARE = 0.10  # refuse when more simulated steps than this lie beyond the fit
-PREFIX_NOTE = "prefix-cache hits are not simulated: requests are taken as sharing no prefix"
+PREFIX_NOTE = (
+    "requests share no prefix (as reruns send them); a request preempted by recompute finds "
+    "its own cached blocks again, as in the engine"
+)
 
 
 @dataclass
@@ -35,8 +36,7 @@ class Twin:
     def run(
         self, knobs: Knobs, horizon_s: float | None = None, keep_steps: bool = False
     ) -> SimResult:
-        # every run draws the same expert loads, so runs differ by their knobs, not by the draw
-        self.experts.rng = np.random.default_rng(0)
+        self.experts.reseed()  # runs then differ by their knobs, not by the draw
         return simulate(
             self.trace, knobs, self.setup, self.model, self.experts, horizon_s, keep_steps
         )

@@ -17,7 +17,7 @@ from tuning.trace import TraceItem
 
 MODEL = "synthetic:tiny"
 # small enough that requests queue for slots, chunk their prompts and get preempted
-ENGINE = {"num_kv_blocks": 16, "block_size": 8, "enable_prefix_caching": False}
+ENGINE = {"num_kv_blocks": 16, "block_size": 8}
 KNOB_SETS = [
     {"max_num_seqs": 3, "max_num_batched_tokens": 48, "prefill_chunk_size": 16},
     {
@@ -63,12 +63,12 @@ def workload(seed: int) -> list[tuple[int, int, int]]:
 
 
 def run_engine(
-    knobs: dict[str, Any], work: list[tuple[int, int, int]]
+    knobs: dict[str, Any], work: list[tuple[int, int, int]], caching: bool = False
 ) -> tuple[list[dict[str, Any]], list[TraceItem]]:
     """Drive the engine on a clock that each step advances by its own measured duration;
     a request arrives at the clock's value when the engine reaches its arrival step (at
     once if the engine is idle). Returns the telemetry and the trace as arrived."""
-    engine = LLMEngine(model=MODEL, **ENGINE, **knobs)
+    engine = LLMEngine(model=MODEL, **ENGINE, enable_prefix_caching=caching, **knobs)
     rng = random.Random(1)
     clock, steps, trace, pending = 0.0, [], [], list(work)
     while pending or engine.has_unfinished():
@@ -98,9 +98,13 @@ def decisions(steps: list[dict[str, Any]], ids: dict[str, int]) -> list[Any]:
 
 
 @pytest.mark.parametrize("knobs", KNOB_SETS)
-@pytest.mark.parametrize("seed", [0, 1])
-def test_simulator_schedules_as_the_engine_did(knobs: dict[str, Any], seed: int) -> None:
-    steps, trace = run_engine(knobs, workload(seed))
+@pytest.mark.parametrize(("seed", "caching"), [(0, False), (1, False), (2, True), (3, True)])
+def test_simulator_schedules_as_the_engine_did(
+    knobs: dict[str, Any], seed: int, caching: bool
+) -> None:
+    """With prefix caching on, a request preempted by recompute finds its own blocks again
+    in both (the prompts share no prefix)."""
+    steps, trace = run_engine(knobs, workload(seed), caching)
     engine_ids = {}
     for step in steps:
         for slot in step["batch"]["slots"]:
@@ -109,7 +113,7 @@ def test_simulator_schedules_as_the_engine_did(knobs: dict[str, Any], seed: int)
 
     cfg = LLMEngine(model=MODEL, **ENGINE).model_config
     setup = Setup(
-        CacheConfig(block_size=8, num_blocks=16, enable_prefix_caching=False),
+        CacheConfig(block_size=8, num_blocks=16, enable_prefix_caching=caching),
         "continuous",
         Placement.contiguous(cfg.num_layers, cfg.num_experts, 1),
         cfg.hidden_size * 4,
