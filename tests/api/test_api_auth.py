@@ -6,7 +6,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from api_servers import MODEL, Served, serve, stop, ws_connect
+from api_servers import MODEL, TIMEOUT, Served, serve, stop, telemetry_ws, ws_connect
 from websockets.exceptions import InvalidStatus
 
 from api.cli import build_parser
@@ -74,13 +74,10 @@ def test_websocket_needs_the_key_as_header_or_query(guarded: Served) -> None:
         with pytest.raises(InvalidStatus) as info:
             ws_connect(url, additional_headers=headers)
         assert info.value.response.status_code == 403
-    for url, headers in (
-        (guarded.ws_url + f"?token={KEY}&every=1", None),
-        (guarded.ws_url, _auth(KEY)),
-    ):
-        with ws_connect(url, additional_headers=headers) as ws:
-            guarded.loop.update_knobs({"max_num_seqs": 5}).result(5)
-            assert "step" in json.loads(ws.recv(timeout=10))
+    for query, headers in ((f"?token={KEY}&every=1", None), ("", _auth(KEY))):
+        with telemetry_ws(guarded, query, additional_headers=headers) as (ws, _):
+            guarded.loop.update_knobs({"max_num_seqs": 5}).result(TIMEOUT)
+            assert "step" in json.loads(ws.recv(timeout=TIMEOUT))
 
 
 def test_default_bind_is_loopback() -> None:

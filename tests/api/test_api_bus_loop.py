@@ -4,7 +4,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from api_servers import MODEL, wait_for
+from api_servers import MODEL, TIMEOUT, wait_for
 
 from engine import LLMEngine, SamplingParams
 from engine.bus import TelemetryBus
@@ -60,7 +60,7 @@ def _run(
             done.set()
 
     loop.submit(prompt, SamplingParams(temperature=0.0, ignore_eos=True, **params), on_output, stop)
-    assert done.wait(10)
+    assert done.wait(TIMEOUT)
     return outs
 
 
@@ -107,8 +107,8 @@ def test_refused_requests_and_a_stopped_loop(loop: EngineLoop) -> None:
     with pytest.raises(ValueError, match="stop"):
         loop.submit([1], SamplingParams(), lambda _: None, stop=("",))
     with pytest.raises(ValueError, match="origin"):
-        loop.update_knobs({"origin": "x"}).result(5)
-    assert loop.update_knobs({"max_num_seqs": 2}).result(5) == 2
+        loop.update_knobs({"origin": "x"}).result(TIMEOUT)
+    assert loop.update_knobs({"max_num_seqs": 2}).result(TIMEOUT) == 2
     assert loop.knobs.max_num_seqs == 2
     loop.stop()
     with pytest.raises(EngineDead):

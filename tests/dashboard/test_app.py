@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 import httpx
-from api_servers import Served, traffic, wait_for, wait_idle
+from api_servers import TIMEOUT, Served, traffic, wait_for, wait_idle
 from streamlit.testing.v1 import AppTest
 
 from dashboard.charts import PANELS
@@ -14,7 +14,7 @@ APP = str(Path(__file__).parents[2] / "dashboard" / "app.py")
 
 
 def _app(served: Served) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=30)
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
     at.session_state["url"] = served.url
     return at.run()
 
@@ -23,9 +23,9 @@ def test_live_page_draws_every_panel_from_the_stream(served: Served) -> None:
     at = _app(served)
     assert not at.exception
     stream = at.session_state["stream"]
-    wait_for(lambda: stream.state == "connected", 10, "the stream to connect")
+    wait_for(lambda: stream.state == "connected", what="the stream to connect")
     traffic(served.loop, 4, 16)
-    wait_for(lambda: stream.received >= 10, 20, "telemetry")
+    wait_for(lambda: stream.received >= 10, what="telemetry")
     at.run()
     assert not at.exception
     charts = at.get("plotly_chart")
@@ -84,7 +84,7 @@ def _replay_script() -> None:
 def test_replay_page_plays_a_recorded_session_to_its_end(served: Served) -> None:
     traffic(served.loop, 2, 8)
     wait_idle(served.loop)
-    at = AppTest.from_function(_replay_script, default_timeout=30)
+    at = AppTest.from_function(_replay_script, default_timeout=TIMEOUT)
     at.session_state["url"] = served.url
     at.run()
     assert not at.exception
@@ -92,7 +92,7 @@ def test_replay_page_plays_a_recorded_session_to_its_end(served: Served) -> None
     at.selectbox(key="replay_speed").set_value(0.0)
     at.button(key="replay_play").click().run()
     stream = at.session_state["replay_stream"]
-    wait_for(lambda: (stream.replay or {}).get("state") == "ended", 20, "the replay to end")
+    wait_for(lambda: (stream.replay or {}).get("state") == "ended", what="the replay to end")
     at.run()
     assert not at.exception
     assert at.metric[0].value == "ended"
