@@ -9,6 +9,7 @@ pytest.importorskip("transformers")
 import offline_throughput as bench  # (benchmarks/ is on pytest's pythonpath)
 
 
+@pytest.mark.slow
 def test_quick_run_prints_and_writes_the_table(tmp_path: Path) -> None:
     results = tmp_path / "RESULTS.md"
     results.write_text("# Benchmark results\n\nkept\n")

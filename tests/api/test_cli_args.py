@@ -83,6 +83,7 @@ def test_good_values_still_parse() -> None:
     assert (args.rate, args.duration) == (0.5, 0.0)
 
 
+@pytest.mark.slow
 def test_nan_rate_exits_at_once_from_the_real_command() -> None:
     done = subprocess.run(
         [*MOESCOPE, "load", "--url", "http://127.0.0.1:9", "--rate", "nan", "--duration", "2"],
@@ -94,6 +95,7 @@ def test_nan_rate_exits_at_once_from_the_real_command() -> None:
     assert done.stderr.splitlines()[-1].endswith("must be a finite number > 0, got 'nan'")
 
 
+@pytest.mark.slow
 def test_sigint_stops_a_command_that_inherited_it_ignored() -> None:
     """As a background job of a non-interactive shell (or the demo's child) would."""
     with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, never answers
@@ -263,6 +265,7 @@ def _mentioning(port: int) -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("busy_flag", ["--port", "--dashboard-port"])
 def test_demo_refuses_a_busy_port(busy_flag: str, tmp_path: Path) -> None:
     with socket.create_server(("127.0.0.1", 0)) as other:
@@ -283,6 +286,7 @@ def test_demo_refuses_a_busy_port(busy_flag: str, tmp_path: Path) -> None:
         assert not _mentioning(free) and not _mentioning(busy)
 
 
+@pytest.mark.slow
 def test_demo_refuses_one_port_for_both(tmp_path: Path) -> None:
     port = str(_free_port())
     done = subprocess.run(

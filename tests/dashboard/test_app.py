@@ -4,11 +4,14 @@ import json
 from pathlib import Path
 
 import httpx
+import pytest
 from api_servers import TIMEOUT, Served, traffic, wait_for, wait_idle
 from streamlit.testing.v1 import AppTest
 
 from dashboard.charts import PANELS
 from dashboard.client import get_knobs
+
+pytestmark = pytest.mark.slow
 
 APP = str(Path(__file__).parents[2] / "dashboard" / "app.py")
 

@@ -3,6 +3,9 @@
 from pathlib import Path
 
 import dashboard_bench as bench  # benchmarks/ is on pytest's pythonpath
+import pytest
+
+pytestmark = pytest.mark.slow
 
 
 def test_dashboard_benchmark_quick(tmp_path: Path) -> None:

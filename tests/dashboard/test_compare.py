@@ -122,6 +122,7 @@ def _compare_script() -> None:
     compare_page.page()
 
 
+@pytest.mark.slow
 def test_compare_page_shows_an_original_and_its_rerun(with_rerun: tuple[Served, str, str]) -> None:
     served, original, rerun = with_rerun
     at = AppTest.from_function(_compare_script, default_timeout=TIMEOUT)

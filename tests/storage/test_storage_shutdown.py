@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import httpx
+import pytest
 from api_servers import MODEL, serve, stop
 from storage_helpers import TIMEOUT, run_requests, wait_for
 
@@ -41,6 +42,7 @@ def test_clean_stop_writes_everything_and_ends_the_session(tmp_path: Path) -> No
     store.close()
 
 
+@pytest.mark.slow
 def test_killed_writer_leaves_a_readable_database(tmp_path: Path) -> None:
     path, port = tmp_path / "killed.db", free_port()
     url = f"sqlite:///{path}"
