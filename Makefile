@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml constraints.txt
 test: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m mypy
 	$(PY) -m pytest -q -ra --durations=15
 
 test-fast: setup
@@ -26,6 +27,8 @@ demo: setup
 
 lint: setup
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
 
 bench: setup
 	$(PY) benchmarks/offline_throughput.py

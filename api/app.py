@@ -6,13 +6,28 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
-from api import control, experts, metrics, openai_routes, replay_ws, sessions, telemetry_ws
+from api import (
+    control,
+    experts,
+    metrics,
+    openai_routes,
+    replay_ws,
+    sessions,
+    telemetry_ws,
+    whatif,
+)
 from api.auth import GuardMiddleware
 from api.errors import install_error_handlers
+from api.live_window import LiveWindow
 from api.metrics import Metrics
+from api.scorecard import Scorecard
 from api.sessions import open_storage, session_meta
 from api.settings import ServerSettings
+from api.twins import Twins
 from engine.loop import EngineLoop
+from tuning.live import ARRIVAL_WINDOW_S
+
+WINDOW_DRAIN_S = 0.1  # how often the live window takes in new steps (and sees knob changes)
 
 
 def create_app(engine_loop: EngineLoop, settings: ServerSettings | None = None) -> FastAPI:
@@ -23,6 +38,10 @@ def create_app(engine_loop: EngineLoop, settings: ServerSettings | None = None) 
     """
     settings = settings or ServerSettings()
     store, recorder = open_storage(engine_loop, settings)
+    window = LiveWindow(engine_loop, keep_s=max(ARRIVAL_WINDOW_S, settings.whatif_horizon_s) + 10)
+    twins = Twins(engine_loop, window, store)
+    scorecard = Scorecard(twins, window, engine_loop.engine.session, settings.whatif_horizon_s)
+    window.on_change = scorecard.watch
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -30,17 +49,21 @@ def create_app(engine_loop: EngineLoop, settings: ServerSettings | None = None) 
             recorder.start(
                 engine_loop.engine.session, **session_meta(engine_loop, settings.model_name)
             )
+        window.subscribe()
         engine_loop.start()
         task = None
         if app.state.metrics is not None:
             task = asyncio.create_task(app.state.metrics.run(settings.metrics_interval_s))
+        window_task = asyncio.create_task(window.run(WINDOW_DRAIN_S))
         try:
             yield
         finally:
-            tasks = [t for t in (task, app.state.rerun.task if app.state.rerun else None) if t]
+            rerun = app.state.rerun.task if app.state.rerun else None
+            tasks = [t for t in (task, window_task, rerun) if t]
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await scorecard.close()
             if recorder is not None:
                 await asyncio.to_thread(recorder.close)
             if store is not None:
@@ -53,8 +76,11 @@ def create_app(engine_loop: EngineLoop, settings: ServerSettings | None = None) 
     app.state.store = store
     app.state.recorder = recorder
     app.state.rerun = None
+    app.state.twins = twins
+    app.state.scorecard = scorecard
     install_error_handlers(app)
-    for module in (openai_routes, control, experts, telemetry_ws, metrics, sessions, replay_ws):
+    routers = (openai_routes, control, experts, telemetry_ws, metrics, sessions, replay_ws, whatif)
+    for module in routers:
         app.include_router(module.router)
     app.add_middleware(
         GuardMiddleware,

@@ -16,15 +16,17 @@ from uvicorn.config import LOG_LEVELS
 from api.app import create_app
 from api.cli_args import describe, int_at_least, non_negative, port, positive
 from api.demo import run_demo
-from api.loadgen import add_load_arguments, main_load, percentile
+from api.loadgen import add_load_arguments, main_load, percentiles_text
 from api.server import build_loop, config_from_args
 from api.sessions_cli import add_session_commands, default_db
 from api.settings import ServerSettings
+from api.whatif_cli import add_whatif_commands
 from dashboard.__main__ import main as dashboard_main
 from engine import LLM, SamplingParams
 from engine.ep.ranks import serve_rank, torchrun_rank
 from engine.model.tokenizer import NoTokenizer
 from engine.outputs import RequestOutput
+from stats import summary
 from storage import StorageError
 
 ENGINE_ERRORS = (ValueError, RuntimeError)
@@ -58,21 +60,17 @@ def _device(text: str) -> str:
 
 
 def summarize(outputs: list[RequestOutput], wall_s: float) -> str:
-    """Throughput and latency percentiles of a finished offline run."""
+    """Throughput and latency percentiles (`stats.summary`) of a finished offline run."""
     tokens = sum(len(o.token_ids) for o in outputs)
-    ttft = [o.ttft_s * 1000 for o in outputs if o.ttft_s is not None]
-    tpot = [o.tpot_s * 1000 for o in outputs if o.tpot_s is not None]
+    ttft = summary(o.ttft_s * 1000 for o in outputs if o.ttft_s is not None)
+    tpot = summary(o.tpot_s * 1000 for o in outputs if o.tpot_s is not None)
     lines = [
         f"requests        {len(outputs)}",
         f"output tokens   {tokens}",
         f"wall time       {wall_s:.2f} s",
         f"throughput      {tokens / wall_s:.1f} tok/s",
-        "TTFT ms         p50 {:.1f}  p90 {:.1f}  p99 {:.1f}".format(
-            *(percentile(ttft, q) for q in (0.5, 0.9, 0.99))
-        ),
-        "TPOT ms         p50 {:.2f}  p90 {:.2f}  p99 {:.2f}".format(
-            *(percentile(tpot, q) for q in (0.5, 0.9, 0.99))
-        ),
+        f"TTFT ms         {percentiles_text(ttft, 1)}",
+        f"TPOT ms         {percentiles_text(tpot, 2)}",
     ]
     return "\n".join(lines)
 
@@ -138,6 +136,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         db_url=args.db,
         record=not args.no_record,
         record_buffer=args.record_buffer,
+        whatif_horizon_s=args.whatif_horizon,
     )
     if args.host not in ("127.0.0.1", "localhost", "::1") and settings.api_key is None:
         print(f"warning: serving on {args.host} without an API key", file=sys.stderr)
@@ -231,6 +230,13 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         help="steps buffered while the database is slow or gone, then dropped",
     )
     p.add_argument(
+        "--whatif-horizon",
+        type=positive,
+        default=60.0,
+        metavar="S",
+        help="seconds after a knob change at which the what-if scorecard observes it",
+    )
+    p.add_argument(
         "--threads",
         type=int_at_least(1),
         default=None,
@@ -315,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     dash.add_argument("--port", type=port, default=8501)
     dash.set_defaults(func=cmd_dashboard)
     add_session_commands(sub)
+    add_whatif_commands(sub)
     return parser
 
 

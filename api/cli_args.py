@@ -50,5 +50,5 @@ def describe(exc: BaseException) -> str:
         return f"{where}: {first['msg']}" if where else first["msg"]
     if isinstance(exc, OSError) and (exc.errno or exc.strerror):
         # the errno's own text: pyarrow puts a whole message in strerror
-        return os.strerror(exc.errno) if exc.errno else exc.strerror
+        return os.strerror(exc.errno) if exc.errno else str(exc.strerror)
     return " ".join(str(exc).split()) or type(exc).__name__

@@ -1,15 +1,14 @@
 """Control endpoints: /api/status, GET/PATCH /api/knobs, /api/knobs/history."""
 
 import asyncio
-import re
 from dataclasses import asdict
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, Request
-from pydantic import ValidationError
 
 from api.errors import APIError
-from engine.config import Knobs
+from engine.errors import InvalidInput
+from engine.knobs import knob_schema
 from engine.loop import EngineDead, EngineLoop
 
 router = APIRouter()
@@ -22,46 +21,7 @@ JSON_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def knob_schema(total_blocks: int) -> dict[str, dict[str, Any]]:
-    """Each knob's type, allowed range or values, nullability, default and description."""
-    out: dict[str, dict[str, Any]] = {}
-    for name, prop in Knobs.model_json_schema()["properties"].items():
-        entry: dict[str, Any] = {
-            "default": prop.get("default"),
-            "description": prop.get("description", ""),
-            "nullable": False,
-        }
-        for option in prop.get("anyOf", [prop]):
-            if option.get("type") == "null":
-                entry["nullable"] = True
-                continue
-            entry["type"] = option.get("type")
-            for key, label in (
-                ("minimum", "minimum"),
-                ("maximum", "maximum"),
-                ("exclusiveMinimum", "exclusive_minimum"),
-                ("enum", "enum"),
-            ):
-                if key in option:
-                    entry[label] = option[key]
-        out[name] = entry
-    out["kv_capacity_blocks"]["maximum"] = total_blocks
-    for entry in out.values():
-        entry["allowed"] = _allowed(entry)
-    return out
-
-
-def _allowed(entry: dict[str, Any]) -> str:
-    if "enum" in entry:
-        text = "one of " + ", ".join(map(str, entry["enum"]))
-    else:
-        low = entry.get("minimum", entry.get("exclusive_minimum", "-inf"))
-        left = "(" if "exclusive_minimum" in entry else "["
-        text = f"{left}{low}, {entry.get('maximum', 'inf')}]"
-    return text + (" or null" if entry["nullable"] else "")
-
-
-def _check_types(changes: dict[str, Any], schema: dict[str, dict[str, Any]]) -> None:
+def check_knob_types(changes: dict[str, Any], schema: dict[str, dict[str, Any]]) -> None:
     """Strict JSON types (no "8" for 8, no true for 1); pydantic checks ranges afterwards."""
     for name, value in changes.items():
         entry = schema.get(name)
@@ -74,24 +34,8 @@ def _check_types(changes: dict[str, Any], schema: dict[str, dict[str, Any]]) -> 
             )
 
 
-def _knob_error(exc: ValidationError, schema: dict[str, dict[str, Any]]) -> APIError:
-    parts, first = [], None
-    for err in exc.errors():
-        name = ".".join(map(str, err["loc"]))
-        msg = err["msg"].removeprefix("Value error, ")
-        if name in schema:
-            parts.append(f"{name}: {msg} (allowed: {schema[name]['allowed']})")
-        elif name:
-            parts.append(f"{name}: {msg} (known knobs: {', '.join(schema)})")
-        else:
-            parts.append(msg)
-            named = re.findall(r"\b(" + "|".join(schema) + r")\b", msg)
-            name = named[0] if named else ""
-        first = first or name or None
-    return APIError(422, "; ".join(parts), first)
-
-
-def _schema(engine_loop: EngineLoop) -> dict[str, dict[str, Any]]:
+def live_knob_schema(engine_loop: EngineLoop) -> dict[str, dict[str, Any]]:
+    """`knob_schema` of the live engine (its allocated blocks bound kv_capacity_blocks)."""
     return knob_schema(engine_loop.engine.blocks.total)
 
 
@@ -146,7 +90,7 @@ async def get_knobs(request: Request) -> dict[str, Any]:
         "knobs": s["knobs"],
         "version": s["knobs_version"],
         "applied_version": s["applied_knobs_version"],
-        "schema": _schema(engine_loop),
+        "schema": live_knob_schema(engine_loop),
     }
 
 
@@ -158,18 +102,16 @@ async def patch_knobs(
 ) -> dict[str, Any]:
     """Validate the change as a whole; it applies at the next step boundary."""
     engine_loop: EngineLoop = request.app.state.engine_loop
-    schema = _schema(engine_loop)
+    schema = live_knob_schema(engine_loop)
     if not changes:
         raise APIError(422, 'no knobs given; send a JSON object like {"max_num_seqs": 8}')
-    _check_types(changes, schema)
+    check_knob_types(changes, schema)
     try:
         version = await asyncio.wrap_future(engine_loop.update_knobs(changes, origin))
-    except ValidationError as exc:
-        raise _knob_error(exc, schema) from None
+    except InvalidInput as exc:
+        raise APIError(422, str(exc), exc.param) from None
     except EngineDead as exc:
         raise APIError(503, str(exc)) from None
-    except (ValueError, TypeError) as exc:
-        raise APIError(422, str(exc)) from None
     return {
         "version": version,
         "knobs": engine_loop.knobs.model_dump(),

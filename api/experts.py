@@ -7,6 +7,7 @@ from fastapi import APIRouter, Body, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.errors import APIError
+from engine.errors import InvalidInput, Refused
 from engine.loop import EngineDead, EngineLoop
 
 router = APIRouter()
@@ -43,6 +44,7 @@ async def rebalance(
         return await asyncio.wrap_future(engine_loop.rebalance(body.window, body.replicas))
     except EngineDead as exc:
         raise APIError(503, str(exc)) from None
-    except ValueError as exc:
-        field = "replicas" if str(exc).startswith("replicas") else None
-        raise APIError(409 if field is None else 422, str(exc), field) from None
+    except Refused as exc:
+        raise APIError(409, str(exc), exc.param) from None
+    except InvalidInput as exc:
+        raise APIError(422, str(exc), exc.param) from None

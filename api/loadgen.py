@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 
 from api.cli_args import describe, non_negative, positive
+from stats import QUANTILES, summary, tpot
 
 WORDS = (
     "expert",
@@ -139,13 +140,6 @@ def make_prompt(num_tokens: int, rng: random.Random) -> str:
     return text[:size]
 
 
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 @dataclass
 class Result:
     ok: bool
@@ -198,12 +192,11 @@ async def send_one(
     end = time.perf_counter()
     if not times:
         return Result(False, "no tokens received")
-    tpot = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
     return Result(
         True,
         None,
         times[0] - start,
-        tpot,
+        tpot(times),
         end - start,
         usage.get("prompt_tokens", 0),
         usage.get("completion_tokens", len(times)),
@@ -306,7 +299,8 @@ async def run_load(
 def summarize(
     results: list[Result], wall_s: float, model: str, sent: int | None = None
 ) -> dict[str, Any]:
-    """Counts, throughput and latency percentiles; requests cut off in flight are `cancelled`."""
+    """Counts, throughput and latency summaries (`stats.summary`, in ms); requests cut off in
+    flight are `cancelled`."""
     ok = [r for r in results if r.ok]
     errors: dict[str, int] = {}
     for r in results:
@@ -314,12 +308,6 @@ def summarize(
             errors[r.error or "?"] = errors.get(r.error or "?", 0) + 1
     out_tokens = sum(r.output_tokens for r in ok)
     in_tokens = sum(r.prompt_tokens for r in ok)
-
-    def pcts(values: list[float]) -> dict[str, float]:
-        return {
-            f"p{int(q * 100)}": round(percentile(values, q) * 1000, 3) for q in (0.5, 0.9, 0.99)
-        }
-
     return {
         "model": model,
         "requests": len(results),
@@ -333,16 +321,26 @@ def summarize(
         "total_token_throughput": round((in_tokens + out_tokens) / wall_s, 2) if wall_s else 0.0,
         "prompt_tokens": in_tokens,
         "output_tokens": out_tokens,
-        "ttft_ms": pcts([r.ttft_s for r in ok if r.ttft_s is not None]),
-        "tpot_ms": pcts([r.tpot_s for r in ok if r.tpot_s is not None]),
-        "e2e_ms": pcts([r.e2e_s for r in ok if r.e2e_s is not None]),
+        "ttft_ms": summary_ms([r.ttft_s for r in ok if r.ttft_s is not None]),
+        "tpot_ms": summary_ms([r.tpot_s for r in ok if r.tpot_s is not None]),
+        "e2e_ms": summary_ms([r.e2e_s for r in ok if r.e2e_s is not None]),
     }
 
 
-def format_summary(s: dict[str, Any]) -> str:
-    def row(name: str, p: dict[str, float]) -> str:
-        return f"{name:<16} p50 {p['p50']:.1f}  p90 {p['p90']:.1f}  p99 {p['p99']:.1f}"
+def summary_ms(seconds: list[float]) -> dict[str, float | None]:
+    """`stats.summary` of latencies in seconds, in milliseconds to the microsecond."""
+    s = summary(x * 1000 for x in seconds)
+    return {k: v if k == "count" or v is None else round(v, 3) for k, v in s.items()}
 
+
+def percentiles_text(s: dict[str, float | None], digits: int) -> str:
+    """`p50 1.0  p90 2.0  p99 3.0` of a summary (`-` where there is none)."""
+    return "  ".join(
+        f"p{q} " + ("-" if s[f"p{q}"] is None else f"{s[f'p{q}']:.{digits}f}") for q in QUANTILES
+    )
+
+
+def format_summary(s: dict[str, Any]) -> str:
     lines = [
         f"model            {s['model']}",
         f"requests         {s['requests'] + s['cancelled']} sent, {s['ok']} ok, "
@@ -350,9 +348,9 @@ def format_summary(s: dict[str, Any]) -> str:
         f"duration         {s['duration_s']:.1f} s",
         f"throughput       {s['request_throughput']:.2f} req/s, {s['output_throughput']:.1f} "
         f"output tok/s ({s['total_token_throughput']:.1f} total tok/s)",
-        row("TTFT ms", s["ttft_ms"]),
-        row("TPOT ms", s["tpot_ms"]),
-        row("E2E ms", s["e2e_ms"]),
+        f"TTFT ms          {percentiles_text(s['ttft_ms'], 1)}",
+        f"TPOT ms          {percentiles_text(s['tpot_ms'], 1)}",
+        f"E2E ms           {percentiles_text(s['e2e_ms'], 1)}",
     ]
     lines += [f"error            {msg} (x{n})" for msg, n in s["error_messages"].items()]
     return "\n".join(lines)
@@ -417,7 +415,7 @@ def main_load(args: argparse.Namespace) -> int:
     arrivals = _arrivals(args)
     api_key = args.api_key or os.environ.get("MOESCOPE_API_KEY")
     try:
-        summary = asyncio.run(
+        result = asyncio.run(
             run_load(
                 args.url,
                 arrivals,
@@ -432,7 +430,7 @@ def main_load(args: argparse.Namespace) -> int:
     except httpx.HTTPError as exc:
         print(f"moescope load: cannot reach {args.url}: {describe(exc)}", file=sys.stderr)
         return 2
-    print(format_summary(summary))
+    print(format_summary(result))
     if args.summary_json is not None:
-        _write(args.summary_json, json.dumps(summary, indent=2) + "\n")
-    return 0 if summary["ok"] or not summary["requests"] else 1
+        _write(args.summary_json, json.dumps(result, indent=2) + "\n")
+    return 0 if result["ok"] or not result["requests"] else 1

@@ -1,8 +1,8 @@
 """Prometheus metrics under vLLM's names with our `moescope:` prefix, fed off the engine thread.
 
 Live state (queue lengths, KV usage, prefix cache) is read at scrape time; per-step
-counters and histograms come from a bus subscription drained by an asyncio task (and
-before each scrape); per-request counters are observed by the OpenAI routes.
+counters and histograms, and per-request ones, come from subscriptions to the loop's step and
+request buses, drained by an asyncio task (and before each scrape).
 """
 
 import asyncio
@@ -173,7 +173,7 @@ class Metrics:
             "request_success", "Finished requests by reason.", "finished_reason"
         )
         self.telemetry_dropped = counter(
-            "telemetry_dropped", "Step records the metrics consumer lost."
+            "telemetry_dropped", "Step and request records the metrics consumer lost."
         ).labels(model_name)
         self.expert_tokens = counter(
             "expert_tokens", "Tokens routed to each expert.", "layer", "expert"
@@ -212,7 +212,7 @@ class Metrics:
         self.request_generation_tokens = histogram(
             "request_generation_tokens", "Generated tokens per request.", TOKEN_BUCKETS
         )
-        self._sub: Subscription | None = None
+        self._subs: tuple[Subscription, Subscription] | None = None
 
     def _child(self, metric: Counter, *labels: Any) -> Any:
         key = (metric._name, *map(str, labels))
@@ -221,22 +221,17 @@ class Metrics:
             child = self._children[key] = metric.labels(self.model_name, *map(str, labels))
         return child
 
-    def observe_request(
-        self,
-        reason: str,
-        prompt_tokens: int,
-        generated: int,
-        e2e_s: float,
-        prefilled: bool = True,
-    ) -> None:
-        """Count an ended request; its prompt tokens count as served only when `prefilled`."""
-        if prefilled:
-            self.prompt_tokens.inc(prompt_tokens)
-        self.generation_tokens.inc(generated)
-        self._child(self.request_success, reason).inc()
-        self.e2e.observe(e2e_s)
-        self.request_prompt_tokens.observe(prompt_tokens)
-        self.request_generation_tokens.observe(generated)
+    def observe_requests(self, records: list[dict[str, Any]]) -> None:
+        """Count ended requests (RequestRecords); prompt tokens count as served only for a
+        request that got its first token."""
+        for r in records:
+            if r["ttft_ms"] is not None:
+                self.prompt_tokens.inc(r["prompt_len"])
+            self.generation_tokens.inc(r["output_len"])
+            self._child(self.request_success, r["finish_reason"]).inc()
+            self.e2e.observe(r["e2e_ms"] / 1000)
+            self.request_prompt_tokens.observe(r["prompt_len"])
+            self.request_generation_tokens.observe(r["output_len"])
 
     def observe_steps(self, records: list[dict[str, Any]]) -> None:
         """Fold a batch of StepTelemetry records in (expert and a2a counts summed first)."""
@@ -278,23 +273,34 @@ class Metrics:
                 self._child(metric, i).inc(value)
 
     def drain(self) -> None:
-        if self._sub is None:
+        if self._subs is None:
             return
-        records, dropped = self._sub.drain()
-        if dropped:
-            self.telemetry_dropped.inc(dropped)
+        steps, requests = self._subs
+        records, dropped = steps.drain()
+        ended, lost = requests.drain()
+        if dropped or lost:
+            self.telemetry_dropped.inc(dropped + lost)
         self.observe_steps(records)
+        self.observe_requests(ended)
+
+    def subscribe(self) -> None:
+        """Start counting steps and ended requests from the loop's buses."""
+        loop = self.engine_loop
+        self._subs = (loop.bus.subscribe(maxlen=8192), loop.requests.subscribe(maxlen=65536))
 
     async def run(self, interval_s: float) -> None:
-        """Subscribe to the bus and fold in what arrived every `interval_s` seconds."""
-        self._sub = self.engine_loop.bus.subscribe(maxlen=8192)
+        """Fold in what arrived on the buses every `interval_s` seconds."""
+        if self._subs is None:
+            self.subscribe()
+        assert self._subs is not None
         try:
             while True:
                 await asyncio.sleep(interval_s)
                 self.drain()
         finally:
-            self.engine_loop.bus.unsubscribe(self._sub)
-            self._sub = None
+            self.engine_loop.bus.unsubscribe(self._subs[0])
+            self.engine_loop.requests.unsubscribe(self._subs[1])
+            self._subs = None
 
     def render(self) -> bytes:
         self.drain()

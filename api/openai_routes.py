@@ -12,7 +12,6 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
 from api.errors import APIError, describe_errors, error_body
-from api.metrics import Metrics
 from api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -21,6 +20,7 @@ from api.protocol import (
     render_chat,
 )
 from api.settings import ServerSettings
+from engine.errors import InvalidInput
 from engine.loop import EngineDead, EngineLoop
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
@@ -34,9 +34,8 @@ COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat runs to
 class Job:
     """The engine requests behind one API call; outputs arrive on an asyncio queue."""
 
-    def __init__(self, engine_loop: EngineLoop, metrics: Metrics | None) -> None:
+    def __init__(self, engine_loop: EngineLoop) -> None:
         self.engine_loop = engine_loop
-        self.metrics = metrics
         self.aloop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
         self.ids: list[str] = []
@@ -75,31 +74,14 @@ class Job:
             self.last[index] = out
             if out.finished:
                 self.done.add(index)
-                self._record(index, out, out.finish_reason or "stop")
             return index, out
 
     def close(self) -> None:
-        """Abort whatever has not finished (client gone or error) and count it.
-
-        A request still waiting in the queue has no output yet: it counts with no tokens.
-        """
+        """Abort whatever has not finished (client gone or error)."""
         for index, request_id in enumerate(self.ids):
             if index not in self.done:
                 self.engine_loop.abort(request_id)
                 self.done.add(index)
-                self._record(index, self.last.get(index), "abort")
-
-    def _record(self, index: int, out: RequestOutput | None, reason: str) -> None:
-        """Count an ended request; `out` is None when it ended before its first output."""
-        if self.metrics is not None:
-            generated = 0 if out is None else len(out.token_ids)
-            self.metrics.observe_request(
-                reason,
-                self.prompt_lens[index],
-                generated,
-                time.time() - self.started,
-                prefilled=out is not None,
-            )
 
     def usage(self) -> dict[str, int]:
         prompt = sum(self.prompt_lens)
@@ -123,6 +105,7 @@ def _params(body: SamplingFields, max_tokens: int) -> SamplingParams:
             top_p=1.0 if body.top_p is None else body.top_p,
             top_k=body.top_k or 0,
             seed=body.seed,
+            stop=tuple(body.stop_strings),
             stop_token_ids=tuple(body.stop_token_ids or ()),
             ignore_eos=body.ignore_eos,
             priority=body.priority,
@@ -189,14 +172,14 @@ async def _start(
             tokens_field,
         )
     params = _params(body, max_tokens)
-    job = Job(engine_loop, request.app.state.metrics)
+    job = Job(engine_loop)
     try:
         for index, ids in enumerate(ids_list):
-            job.ids.append(engine_loop.submit(ids, params, job.callback(index), body.stop_strings))
+            job.ids.append(engine_loop.submit(ids, params, job.callback(index)))
             job.prompt_lens.append(len(ids))
-    except ValueError as exc:
+    except InvalidInput as exc:
         job.close()
-        param = tokens_field if str(exc).startswith("prompt (") else field
+        param = {"prompt": field, "max_tokens": tokens_field}.get(exc.param or "", exc.param)
         raise APIError(422, str(exc), param) from None
     except EngineDead as exc:
         job.close()

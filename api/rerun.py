@@ -8,29 +8,15 @@ to its recorded output length, greedy with ignore_eos, under the engine's curren
 import asyncio
 import random
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.metrics import Metrics
+from engine.errors import InvalidInput
 from engine.loop import EngineDead, EngineLoop
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from storage import Recorder
-
-
-@dataclass
-class TraceItem:
-    offset_s: float
-    prompt_len: int
-    output_len: int
-
-
-def trace_of(records: list[dict[str, Any]]) -> list[TraceItem]:
-    """Arrival offsets (from the first arrival) and lengths, in arrival order."""
-    records = sorted(records, key=lambda r: r["arrival"])
-    t0 = records[0]["arrival"] if records else 0.0
-    return [TraceItem(r["arrival"] - t0, r["prompt_len"], r["output_len"]) for r in records]
+from tuning.trace import TraceItem
 
 
 def synth_prompt(seed: str, length: int, vocab_size: int) -> list[int]:
@@ -71,11 +57,8 @@ class Rerun:
         }
 
 
-async def run_rerun(
-    rerun: Rerun, engine_loop: EngineLoop, recorder: Recorder, metrics: Metrics | None = None
-) -> None:
-    """Submit the trace at its offsets, wait for every request, then end the session; each
-    ended request is counted in `metrics` like one served over HTTP."""
+async def run_rerun(rerun: Rerun, engine_loop: EngineLoop, recorder: Recorder) -> None:
+    """Submit the trace at its offsets, wait for every request, then end the session."""
     aloop = asyncio.get_running_loop()
     all_done = asyncio.Event()
     vocab = engine_loop.engine.model_config.vocab_size
@@ -84,22 +67,13 @@ async def run_rerun(
         if rerun.finished + rerun.failed >= len(rerun.trace):
             all_done.set()
 
-    def finished_one(out: RequestOutput, prompt_len: int, sent: float) -> None:
+    def finished_one() -> None:
         rerun.finished += 1
-        if metrics is not None:
-            metrics.observe_request(
-                out.finish_reason or "stop", prompt_len, len(out.token_ids), time.time() - sent
-            )
         settle()
 
-    def on_output_of(prompt_len: int) -> Callable[[RequestOutput], None]:
-        sent = time.time()
-
-        def on_output(out: RequestOutput) -> None:
-            if out.finished:
-                aloop.call_soon_threadsafe(finished_one, out, prompt_len, sent)
-
-        return on_output
+    def on_output(out: RequestOutput) -> None:
+        if out.finished:
+            aloop.call_soon_threadsafe(finished_one)
 
     start = time.monotonic()
     try:
@@ -112,9 +86,9 @@ async def run_rerun(
             )
             prompt = synth_prompt(f"{rerun.session}:{i}", item.prompt_len, vocab)
             try:
-                engine_loop.submit(prompt, params, on_output_of(len(prompt)))
+                engine_loop.submit(prompt, params, on_output)
                 rerun.submitted += 1
-            except (ValueError, EngineDead) as exc:
+            except (InvalidInput, EngineDead) as exc:
                 rerun.failed += 1
                 rerun.errors.append(f"request {i}: {exc}")
         settle()

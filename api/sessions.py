@@ -13,12 +13,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.control import engine_description
 from api.errors import APIError
-from api.rerun import Rerun, run_rerun, trace_of
+from api.rerun import Rerun, run_rerun
 from api.settings import ServerSettings
 from engine.loop import EngineLoop
 from storage import Recorder, SessionNotFound, Store
 from storage import queries as q
 from storage.export import iter_jsonl, write_parquet
+from tuning.trace import trace_of
 
 router = APIRouter()
 
@@ -50,7 +51,7 @@ def session_meta(engine_loop: EngineLoop, model_name: str) -> dict[str, Any]:
     }
 
 
-def _store(request: Request) -> Store:
+def require_store(request: Request) -> Store:
     store: Store | None = request.app.state.store
     if store is None:
         raise APIError(503, "no session database: start the server with --db URL")
@@ -77,7 +78,7 @@ def list_sessions(
     """Newest first, with duration, steps, requests, model and the knobs at start."""
     recorder: Recorder | None = request.app.state.recorder
     return {
-        "sessions": q.list_sessions(_store(request), limit, offset),
+        "sessions": q.list_sessions(require_store(request), limit, offset),
         "recording": recorder.current_session if recorder else None,
     }
 
@@ -85,7 +86,7 @@ def list_sessions(
 @router.get("/api/sessions/{session_id}")
 def get_session(request: Request, session_id: str) -> dict[str, Any]:
     try:
-        out = q.get_session(_store(request), session_id)
+        out = q.get_session(require_store(request), session_id)
     except SessionNotFound:
         raise _found(session_id) from None
     rerun: Rerun | None = request.app.state.rerun
@@ -108,7 +109,7 @@ def get_steps(
     """Telemetry records with from <= step <= to; `next` is where a following page starts."""
     if start is not None and end is not None and start > end:
         raise APIError(422, f"from: must not exceed to (from={start}, to={end})", "from")
-    store = _store(request)
+    store = require_store(request)
     _require(store, session_id)
     steps = q.steps(store, session_id, start, end, limit, every)
     more = len(steps) == limit and (end is None or steps[-1]["step"] < end)
@@ -117,14 +118,14 @@ def get_steps(
 
 @router.get("/api/sessions/{session_id}/knob_changes")
 def get_knob_changes(request: Request, session_id: str) -> dict[str, Any]:
-    store = _store(request)
+    store = require_store(request)
     _require(store, session_id)
     return {"session": session_id, "knob_changes": q.knob_changes(store, session_id)}
 
 
 @router.get("/api/sessions/{session_id}/requests")
 def get_requests(request: Request, session_id: str) -> dict[str, Any]:
-    store = _store(request)
+    store = require_store(request)
     _require(store, session_id)
     return {"session": session_id, "requests": q.requests(store, session_id)}
 
@@ -135,7 +136,7 @@ def delete_session(request: Request, session_id: str) -> dict[str, Any]:
     if recorder is not None and session_id in (recorder.main_session, recorder.current_session):
         raise APIError(409, f"session {session_id!r} is being recorded", "session_id")
     try:
-        q.delete_session(_store(request), session_id)
+        q.delete_session(require_store(request), session_id)
     except SessionNotFound:
         raise _found(session_id) from None
     return {"deleted": session_id}
@@ -151,7 +152,7 @@ def label_session(request: Request, session_id: str, body: LabelBody) -> dict[st
     """Name a session (null or "" clears the name)."""
     label = body.label or None
     try:
-        q.set_label(_store(request), session_id, label)
+        q.set_label(require_store(request), session_id, label)
     except SessionNotFound:
         raise _found(session_id) from None
     return {"session": session_id, "label": label}
@@ -165,7 +166,7 @@ def export_session(
     table: Literal["steps", "requests", "knob_changes"] = "steps",
 ) -> Response:
     """JSONL: every record of the session, typed; Parquet: one table (`table`)."""
-    store = _store(request)
+    store = require_store(request)
     _require(store, session_id)
     name = f"moescope-{session_id}"
     if format == "jsonl":
@@ -195,7 +196,7 @@ async def rerun_session(
 ) -> dict[str, Any]:
     """Replay the session's request trace on the live engine as a new, linked session."""
     app = request.app
-    store, recorder = _store(request), app.state.recorder
+    store, recorder = require_store(request), app.state.recorder
     if recorder is None:
         raise APIError(409, "recording is off (--no-record): a rerun could not be recorded")
     if app.state.rerun is not None and not app.state.rerun.done:
@@ -218,6 +219,6 @@ async def rerun_session(
         **session_meta(engine_loop, app.state.settings.model_name),
     )
     rerun = Rerun(new, session_id, trace_of(records), speed)
-    rerun.task = asyncio.create_task(run_rerun(rerun, engine_loop, recorder, app.state.metrics))
+    rerun.task = asyncio.create_task(run_rerun(rerun, engine_loop, recorder))
     app.state.rerun = rerun
     return rerun.progress()

@@ -23,7 +23,7 @@ def default_db() -> str:
     return os.environ.get("MOESCOPE_DB") or DEFAULT_URL
 
 
-def _db_arg(p: argparse.ArgumentParser) -> None:
+def db_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--db", default=default_db(), help="SQLAlchemy URL (default: $MOESCOPE_DB or %(default)s)"
     )
@@ -70,7 +70,7 @@ def cmd_show(store: Store, args: argparse.Namespace) -> None:
     print(
         f"{'requests':<16}{s['requests']}  {stats['finish_reasons']}  prompt tokens "
         f"{stats['prompt_tokens']}, output tokens {stats['output_tokens']}, TTFT ms p50 "
-        f"{stats['ttft_ms_p50']} p90 {stats['ttft_ms_p90']}"
+        f"{stats['ttft_ms_p50']} p90 {stats['ttft_ms_p90']} p99 {stats['ttft_ms_p99']}"
     )
     print(f"{'knob changes':<16}{s['knob_changes']}")
     print(f"{'knobs at start':<16}{json.dumps(s['knobs'])}")
@@ -142,7 +142,11 @@ def cmd_replay(store: Store, args: argparse.Namespace) -> None:
         pass
 
 
-def _run(func: Callable[[Store, argparse.Namespace], None]) -> Callable[[argparse.Namespace], None]:
+def with_store(
+    func: Callable[[Store, argparse.Namespace], None],
+) -> Callable[[argparse.Namespace], None]:
+    """A command on the `--db` database (which must exist); its errors as one line."""
+
     def run(args: argparse.Namespace) -> None:
         name = " ".join(filter(None, ("moescope", args.command, getattr(args, "action", None))))
         try:
@@ -168,11 +172,11 @@ def add_session_commands(sub: argparse._SubParsersAction) -> None:
     p = actions.add_parser("list", help="sessions, newest first")
     p.add_argument("--limit", type=int, default=50)
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_run(cmd_list))
+    p.set_defaults(func=with_store(cmd_list))
     p = actions.add_parser("show", help="one session's summary")
     p.add_argument("id")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_run(cmd_show))
+    p.set_defaults(func=with_store(cmd_show))
     p = actions.add_parser("export", help="a session to JSONL (everything) or Parquet (a table)")
     p.add_argument("id")
     p.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")
@@ -183,7 +187,7 @@ def add_session_commands(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="file (default moescope-ID.jsonl / moescope-ID-TABLE.parquet; '-' = stdout for JSONL)",
     )
-    p.set_defaults(func=_run(cmd_export))
+    p.set_defaults(func=with_store(cmd_export))
     p = actions.add_parser("delete", help="remove a session and its records")
     p.add_argument("id")
     p.add_argument(
@@ -191,16 +195,16 @@ def add_session_commands(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="delete it even if it is still open (a server may be recording it)",
     )
-    p.set_defaults(func=_run(cmd_delete))
+    p.set_defaults(func=with_store(cmd_delete))
     p = actions.add_parser("label", help="name a session ('' clears the name)")
     p.add_argument("id")
     p.add_argument("label")
-    p.set_defaults(func=_run(cmd_label))
+    p.set_defaults(func=with_store(cmd_label))
     for p in actions.choices.values():
-        _db_arg(p)
+        db_argument(p)
     p = sub.add_parser("replay", help="print a recorded session's steps at their pace")
     p.add_argument("id")
     p.add_argument("--speed", type=non_negative, default=1.0, help="0 = as fast as possible")
     p.add_argument("--from", type=int_at_least(0), default=0, help="first step")
-    _db_arg(p)
-    p.set_defaults(func=_run(cmd_replay))
+    db_argument(p)
+    p.set_defaults(func=with_store(cmd_replay))

@@ -12,6 +12,7 @@ class ServerSettings:
     `admin_key`, when set, is required for PATCH /api/knobs (and accepted everywhere).
     `db_url` is the session database (None: no session routes); `record` turns the recorder
     on, buffering up to `record_buffer` steps while the database is slow or gone.
+    `whatif_horizon_s` is how long after an applied knob change the scorecard observes it.
     """
 
     model_name: str = "synthetic:tiny"
@@ -28,6 +29,7 @@ class ServerSettings:
     record: bool = True
     record_buffer: int = 2048
     db_timeout_s: float = 5.0
+    whatif_horizon_s: float = 60.0
 
     @classmethod
     def from_env(cls, **overrides: object) -> "ServerSettings":

@@ -18,21 +18,19 @@ On 2 shared cores two ranks compete with each other, so step times are informati
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import platform
 import random
+import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+import machine
 import torch
-from results_md import publish
+from results_md import add_results_arguments, header, publish, results_path
 
 from engine import LLMEngine, SamplingParams
 
-RESULTS_PATH = Path(__file__).resolve().parent / "RESULTS.md"
-BEGIN, END = "<!-- expert_parallel:begin -->", "<!-- expert_parallel:end -->"
+SECTION = "expert_parallel"
 
 
 READING = (
@@ -125,22 +123,20 @@ def run_all(model: str, skew: float, n: int, max_tokens: int) -> tuple[list[Run]
 def render(
     runs: list[Run],
     notes: list[str],
-    command: str,
+    argv: list[str],
+    runtime_s: float,
     model: str,
     skew: float,
     n: int,
     max_tokens: int,
 ) -> str:
     base = runs[0].step_ms
+    command = ["python", "benchmarks/expert_parallel.py", *argv]
     lines = [
-        BEGIN,
-        "## Expert parallel (CPU, gloo)",
-        "",
-        f"Command: `{command}`  ",
-        f"Measured {dt.date.today()} on {platform.machine()}, torch {torch.__version__}, "
-        f"1 thread per rank; {model} (router_skew {skew}), {n} requests of 16-95 prompt "
-        f"tokens and {max_tokens} output tokens each, all arriving at once, fresh prompts per "
-        "run.",
+        header("Expert parallel (CPU, gloo)", command, runtime_s, machine.measure()),
+        f"- Workload: 1 torch thread per rank; {model} (router_skew {skew}), {n} requests of "
+        f"16-95 prompt tokens and {max_tokens} output tokens each, all arriving at once, fresh "
+        "prompts per run.",
         "",
         "| run | steps | step ms (vs 1 process) | MoE ms / step | a2a bytes / token "
         "| all-gather bytes / token | rank imbalance | pairs per rank "
@@ -155,28 +151,27 @@ def render(
             f"{r.gather_per_token:,.0f} | {r.imbalance:.3f} | "
             f"{r.rank_tokens} | {r.rank_moe_ms or '-'}{slowest} |"
         )
-    lines += ["", *[f"- {note}" for note in notes], "", READING, END]
+    lines += ["", *[f"- {note}" for note in notes], "", READING]
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> str:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run and publish; returns the runs (1 process, 2 ranks contiguous, rebalanced, with
+    replicas) and the rebalance notes."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny model, few requests")
     p.add_argument("--skew", type=float, default=1.5, help="router_skew of the model")
-    p.add_argument(
-        "--results",
-        type=Path,
-        default=None,
-        help="RESULTS.md to update (default benchmarks/RESULTS.md; --quick writes "
-        "nothing unless given)",
-    )
+    add_results_arguments(p)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     model, n, max_tokens = ("synthetic:tiny", 6, 4) if args.quick else ("synthetic:small", 48, 32)
+    started = time.perf_counter()
     runs, notes = run_all(model, args.skew, n, max_tokens)
-    command = "python benchmarks/expert_parallel.py" + (" --quick" if args.quick else "")
-    section = render(runs, notes, command, model, args.skew, n, max_tokens)
-    return publish(section, args.results, args.quick, RESULTS_PATH, BEGIN, END)
+    runtime = time.perf_counter() - started
+    section = render(runs, notes, argv, runtime, model, args.skew, n, max_tokens)
+    publish(SECTION, section, results_path(args))
+    return {"runs": runs, "notes": notes}
 
 
 if __name__ == "__main__":

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
 import os
-import platform
-import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -29,14 +27,15 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from results_md import publish  # noqa: E402
+import machine  # noqa: E402
+from results_md import add_results_arguments, header, publish, results_path  # noqa: E402
 
 from engine.config import ModelConfig  # noqa: E402
 from engine.model.context import ForwardContext  # noqa: E402
 from engine.model.moe import MoEBlock, route  # noqa: E402
+from stats import percentile  # noqa: E402
 
-RESULTS_PATH = ROOT / "benchmarks" / "RESULTS.md"
-BEGIN, END = "<!-- moe_layer:begin -->", "<!-- moe_layer:end -->"
+SECTION = "moe_layer"
 FULL = dict(hidden=512, inter=1024, experts=8, top_k=2, tokens=(1, 64, 2048))
 QUICK = dict(hidden=32, inter=48, experts=4, top_k=2, tokens=(1, 8))
 
@@ -144,7 +143,7 @@ def timed(fns: dict[str, Callable[[], torch.Tensor]], budget_s: float) -> dict[s
             t0 = time.perf_counter()
             fn()
             times[name].append((time.perf_counter() - t0) * 1e3)
-    return {name: statistics.median(t) for name, t in times.items()}
+    return {name: percentile(t, 50) for name, t in times.items()}
 
 
 def measure(shape: dict, budget_s: float) -> tuple[list[str], dict[int, dict[str, float]]]:
@@ -191,26 +190,22 @@ def render(
     shape: dict,
     names: list[str],
     results: dict[int, dict[str, float]],
-    threads: int,
-    command: str,
+    argv: list[str],
     seconds: float,
 ) -> str:
     ours_name = names[0]
     tokens = list(results)
+    title = "One MoE layer on the CPU (`benchmarks/moe_layer.py`)"
     lines = [
-        BEGIN,
-        "## One MoE layer on the CPU (`benchmarks/moe_layer.py`)",
-        "",
-        f"- Command: `{command}`",
-        f"- Date: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; runtime {seconds:.0f} s",
-        f"- Machine: {platform.machine()}, torch {torch.__version__} with {threads} intra-op "
-        "thread(s) on 2 shared cores (other workers run at the same time: absolute times are "
-        "noisy, the ratios come from runs side by side)",
+        header(title, ["python", "benchmarks/moe_layer.py", *argv], seconds, machine.measure()),
+        "- Noise: the cores are shared with other workers, so absolute times are noisy; the "
+        "ratios come from runs side by side",
         f"- Layer: Mixtral-shaped, hidden {shape['hidden']}, intermediate {shape['inter']}, "
         f"{shape['experts']} experts top-{shape['top_k']}, fp32, random weights shared by "
         "every implementation (outputs checked equal to ours within 1e-4)",
-        "- Cells: median ms per call over interleaved rounds (every implementation once per "
-        "round), and in brackets that time over ours (grouped_mm); above 1 means ours is faster",
+        "- Cells: median (`stats.percentile` 50) ms per call over interleaved rounds (every "
+        "implementation once per round), and in brackets that time over ours (grouped_mm); "
+        "above 1 means ours is faster",
         "",
         "| implementation | " + " | ".join(f"{n} tokens" for n in tokens) + " |",
         "| --- |" + " --- |" * len(tokens),
@@ -221,29 +216,26 @@ def render(
             for n in tokens
         ]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", READING, END]
+    lines += ["", READING]
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> str:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Measure and publish; returns the implementations (ours first) and, per token count,
+    each one's median ms."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny layer, short timings")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument(
-        "--results",
-        type=Path,
-        default=None,
-        help="RESULTS.md to update (default benchmarks/RESULTS.md; --quick writes "
-        "nothing unless given)",
-    )
+    add_results_arguments(p)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     shape = QUICK if args.quick else FULL
     t0 = time.perf_counter()
     names, results = measure(shape, budget_s=0.05 if args.quick else 20.0)
-    command = "python benchmarks/moe_layer.py" + (" --quick" if args.quick else "")
-    section = render(shape, names, results, args.threads, command, time.perf_counter() - t0)
-    return publish(section, args.results, args.quick, RESULTS_PATH, BEGIN, END)
+    section = render(shape, names, results, argv, time.perf_counter() - t0)
+    publish(SECTION, section, results_path(args))
+    return {"names": names, "ms": results}
 
 
 if __name__ == "__main__":

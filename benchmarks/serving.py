@@ -15,11 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime as dt
 import json
-import os
-import platform
-import shlex
 import statistics
 import subprocess
 import sys
@@ -27,25 +23,30 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
-import torch
-from results_md import write_section
+import machine
+from results_md import add_results_arguments, header, percentiles_cell, publish, results_path
+from targets import Target
 from websockets.sync.client import connect
 
 from api.loadgen import Arrival, parse_dist, poisson_arrivals, run_load
 from engine.ep.ranks import free_port
+from stats import percentile
 
-RESULTS_PATH = Path(__file__).resolve().parent / "RESULTS.md"
-BEGIN = "<!-- serving:begin -->"
-END = "<!-- serving:end -->"
+SECTION = "serving"
+TARGETS = {
+    "overhead": Target("ratio of mean step time, telemetry on / off", 1.03, higher_is_better=False)
+}
 
 
 @contextlib.contextmanager
-def server(model: str, threads: int, metrics: bool, extra: list[str]) -> Iterator[str]:
-    """`moescope serve` in a subprocess on a free port; yields its URL."""
+def server(
+    model: str, threads: int, metrics: bool, extra: list[str], db: str | None = None
+) -> Iterator[str]:
+    """`moescope serve` in a subprocess on a free port, recording into `db` (None: not
+    recording); yields its URL."""
     port = free_port()
     cmd = [
         sys.executable,
@@ -58,7 +59,7 @@ def server(model: str, threads: int, metrics: bool, extra: list[str]) -> Iterato
         str(port),
         "--threads",
         str(threads),
-        "--no-record",
+        *(["--db", db] if db else ["--no-record"]),
         *extra,
         *([] if metrics else ["--no-metrics"]),
     ]
@@ -144,11 +145,7 @@ def measured_run(url: str, arrivals: list[Arrival], seed: int) -> dict[str, Any]
     return summary
 
 
-def _pcts(p: dict[str, float], digits: int) -> str:
-    return " / ".join(f"{p[k]:.{digits}f}" for k in ("p50", "p90", "p99"))
-
-
-def main(argv: list[str] | None = None) -> str:
+def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="synthetic:small")
     p.add_argument("--rates", default="1,2,4", help="comma-separated requests per second")
@@ -163,117 +160,149 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--threads", type=int, default=1, help="torch threads of the server")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="synthetic:tiny, short runs")
-    p.add_argument("--results", type=Path, default=RESULTS_PATH)
+    add_results_arguments(p)
     args = p.parse_args(argv)
     if args.quick:
         args.model, args.rates, args.duration, args.pairs = "synthetic:tiny", "4", 1.5, 1
         args.prompt_len, args.output_len = "fixed:16", "fixed:8"
         args.burst, args.burst_prompt, args.burst_output = 4, 16, 32
-    prompt, output = parse_dist(args.prompt_len), parse_dist(args.output_len)
-    extra = ["--kv-blocks", "2048", "--max-num-seqs", "64"]
-    started = time.perf_counter()
+    return args
 
-    rate_rows = []
-    with server(args.model, args.threads, True, extra) as url:
+
+SERVER_ARGS = ["--kv-blocks", "2048", "--max-num-seqs", "64"]
+
+
+def rate_runs(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One load run per rate against one server: the load summary, its rate and step times."""
+    prompt, output = parse_dist(args.prompt_len), parse_dist(args.output_len)
+    rows = []
+    with server(args.model, args.threads, True, SERVER_ARGS) as url:
         for rate in (float(r) for r in args.rates.split(",")):
             arrivals = list(poisson_arrivals(rate, args.duration, prompt, output, args.seed))
-            s = measured_run(url, arrivals, args.seed)
+            s = {"rate": rate, **measured_run(url, arrivals, args.seed)}
             print(
                 f"rate {rate}: {s['output_throughput']:.1f} tok/s, "
-                f"TTFT p50 {s['ttft_ms']['p50']:.1f} ms",
+                f"TTFT p50 {s['ttft_ms']['p50']} ms",
                 file=sys.stderr,
                 flush=True,
             )
-            rate_rows.append((rate, s))
+            rows.append(s)
+    return rows
 
+
+def overhead_run(args: argparse.Namespace, mode: str) -> dict[str, Any]:
+    """One burst against a fresh server, telemetry consumers on or off; with `on`, what the
+    consumers saw (`messages`, `dropped`, `scrapes`)."""
     trace = [Arrival(0.001 * i, args.burst_prompt, args.burst_output) for i in range(args.burst)]
+    with server(args.model, args.threads, mode == "on", SERVER_ARGS) as url:
+        if mode == "off":
+            return measured_run(url, trace, args.seed)
+        with Consumers(url, args.scrape_s) as consumers:
+            run = measured_run(url, trace, args.seed)
+    return {
+        **run,
+        "messages": consumers.messages,
+        "dropped": consumers.dropped,
+        "scrapes": consumers.scrapes,
+    }
+
+
+def overhead_runs(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
+    """`--pairs` alternating off / on runs."""
     runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
-    consumer_stats = []
     for _ in range(args.pairs):
         for mode in ("off", "on"):
-            with server(args.model, args.threads, mode == "on", extra) as url:
-                if mode == "off":
-                    runs[mode].append(measured_run(url, trace, args.seed))
-                else:
-                    with Consumers(url, args.scrape_s) as consumers:
-                        runs[mode].append(measured_run(url, trace, args.seed))
-                    consumer_stats.append(
-                        (consumers.messages, consumers.dropped, consumers.scrapes)
-                    )
-            r = runs[mode][-1]
+            r = overhead_run(args, mode)
+            runs[mode].append(r)
             print(
                 f"overhead {mode}: mean step {r['mean_step_ms']:.3f} ms "
                 f"(cpu {r['mean_step_cpu_ms']:.3f}) over {r['steps']} steps",
                 file=sys.stderr,
                 flush=True,
             )
-
-    section = render(args, argv, rate_rows, runs, consumer_stats, time.perf_counter() - started)
-    print(section)
-    write_section(args.results, section, BEGIN, END)
-    return section
+    return runs
 
 
-def render(
-    args: argparse.Namespace,
-    argv: list[str] | None,
-    rate_rows: list[tuple[float, dict]],
-    runs: dict[str, list[dict[str, Any]]],
-    consumer_stats: list[tuple[int, int, int]],
-    total_s: float,
-) -> str:
-    command = "python benchmarks/serving.py" + (" " + shlex.join(argv) if argv else "")
-    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+def overhead(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Mean step time (wall and engine-thread CPU) per mode, and the ratios on / off."""
+    out: dict[str, Any] = {"runs": runs}
+    for mode, rs in runs.items():
+        out[mode] = {
+            "wall": statistics.mean(r["mean_step_ms"] for r in rs),
+            "cpu": statistics.mean(r["mean_step_cpu_ms"] for r in rs),
+        }
+    out["ratio"] = out["on"]["wall"] / out["off"]["wall"]
+    out["cpu_ratio"] = out["on"]["cpu"] / out["off"]["cpu"]
+    out["pair_median"] = percentile(
+        (
+            b["mean_step_ms"] / a["mean_step_ms"]
+            for a, b in zip(runs["off"], runs["on"], strict=True)
+        ),
+        50,
+    )
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Measure and publish; returns the load summary of each rate, the overhead runs and
+    ratios, and the target."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    started = time.perf_counter()
+    rates = rate_runs(args)
+    ov = overhead(overhead_runs(args))
+    target = TARGETS["overhead"]
+    out = {
+        "rates": rates,
+        "overhead": ov,
+        "targets": {"overhead": {"value": ov["ratio"], "met": target.met(ov["ratio"])}},
+    }
+    section = render(args, argv, out, time.perf_counter() - started)
+    publish(SECTION, section, results_path(args))
+    return out
+
+
+def render(args: argparse.Namespace, argv: list[str], out: dict[str, Any], total_s: float) -> str:
+    command = ["python", "benchmarks/serving.py", *argv]
     lines = [
-        BEGIN,
-        "## Online serving (`benchmarks/serving.py`)",
-        "",
-        f"- Command: `{command}`",
-        f"- Date: {now}; total runtime {total_s / 60:.1f} min",
-        f"- Machine: {len(os.sched_getaffinity(0))} CPU cores, shared with other "
-        f"workers (absolute numbers are noisy); torch {torch.__version__} with "
-        f"{args.threads} thread(s) in the server, Python {platform.python_version()}",
-        f"- Server: `moescope serve --model {args.model} --kv-blocks 2048 --max-num-seqs 64` "
-        "in a subprocess; the load generator (`api/loadgen.py`, open loop, Poisson arrivals, "
-        "streaming `/v1/completions` with `ignore_eos`, greedy) in the benchmark process",
+        header("Online serving (`benchmarks/serving.py`)", command, total_s, machine.measure()),
+        f"- Server: `moescope serve --model {args.model} {' '.join(SERVER_ARGS)}` with "
+        f"{args.threads} torch thread(s) in a subprocess; the load generator (`api/loadgen.py`, "
+        "open loop, Poisson arrivals, streaming `/v1/completions` with `ignore_eos`, greedy) in "
+        "the benchmark process. The cores are shared with other workers, so absolute numbers "
+        "are noisy",
         f"- Lengths: prompt `{args.prompt_len}`, output `{args.output_len}` tokens; "
         f"{args.duration:g} s of arrivals per run, seed {args.seed}. TTFT and TPOT are "
-        "measured by the client from SSE chunk arrival times; mean step is the engine "
-        "loop's own time per step (step + output callbacks + telemetry publish).",
+        "measured by the client from SSE chunk arrival times (`stats.tpot`; percentiles "
+        "`stats.percentile`); mean step is the engine loop's own time per step (step + output "
+        "callbacks + telemetry publish).",
         "",
         "| rate req/s | requests (ok) | req/s | out tok/s | TTFT ms p50 / p90 / p99 | "
         "TPOT ms p50 / p90 / p99 | E2E ms p50 / p90 / p99 | steps | mean step ms |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for rate, s in rate_rows:
+    for s in out["rates"]:
         lines.append(
-            f"| {rate:g} | {s['requests']} ({s['ok']}) | {s['request_throughput']:.2f} | "
-            f"{s['output_throughput']:.1f} | {_pcts(s['ttft_ms'], 1)} | "
-            f"{_pcts(s['tpot_ms'], 2)} | {_pcts(s['e2e_ms'], 0)} | {s['steps']} | "
-            f"{s['mean_step_ms']:.2f} |"
+            f"| {s['rate']:g} | {s['requests']} ({s['ok']}) | {s['request_throughput']:.2f} | "
+            f"{s['output_throughput']:.1f} | {percentiles_cell(s['ttft_ms'], 1)} | "
+            f"{percentiles_cell(s['tpot_ms'], 2)} | {percentiles_cell(s['e2e_ms'], 0)} | "
+            f"{s['steps']} | {s['mean_step_ms']:.2f} |"
         )
+    return "\n".join(lines + ["", *render_overhead(args, out)])
 
-    def col(mode: str, key: str) -> list[float]:
-        return [r[key] for r in runs[mode]]
 
-    off, on = col("off", "mean_step_ms"), col("on", "mean_step_ms")
-    off_cpu, on_cpu = col("off", "mean_step_cpu_ms"), col("on", "mean_step_cpu_ms")
-    pair_ratios = [b / a for a, b in zip(off, on, strict=True)]
-    cpu_ratio = statistics.mean(on_cpu) / statistics.mean(off_cpu)
-    ratio = statistics.mean(on) / statistics.mean(off)
-    msgs = sum(m for m, _, _ in consumer_stats)
-    drops = sum(d for _, d, _ in consumer_stats)
-    scrapes = sum(s for _, _, s in consumer_stats)
+def render_overhead(args: argparse.Namespace, out: dict[str, Any]) -> list[str]:
+    ov = out["overhead"]
+    on = ov["runs"]["on"]
+    msgs, drops, scrapes = (sum(r[k] for r in on) for k in ("messages", "dropped", "scrapes"))
 
-    def row(mode: str, wall: list[float], cpu: list[float]) -> str:
-        steps = "/".join(str(r["steps"]) for r in runs[mode])
-        return (
-            f"| {mode} | {' / '.join(f'{x:.3f}' for x in wall)} | "
-            f"{statistics.mean(wall):.3f} | {statistics.mean(cpu):.3f} | {steps} |"
-        )
+    def row(mode: str) -> str:
+        walls = " / ".join(f"{r['mean_step_ms']:.3f}" for r in ov["runs"][mode])
+        steps = "/".join(str(r["steps"]) for r in ov["runs"][mode])
+        return f"| {mode} | {walls} | {ov[mode]['wall']:.3f} | {ov[mode]['cpu']:.3f} | {steps} |"
 
-    lines += [
-        "",
+    ratio = ov["ratio"]
+    return [
         f"Telemetry overhead: {args.pairs} alternating pairs of runs, each a fresh server and "
         f"one burst of {args.burst} requests (prompt {args.burst_prompt}, output "
         f"{args.burst_output} tokens) that arrive together, so every run schedules the same "
@@ -287,16 +316,18 @@ def render(
         "| telemetry | mean step ms per run (wall) | mean wall | mean engine-thread CPU | "
         "steps per run |",
         "| --- | --- | --- | --- | --- |",
-        row("off", off, off_cpu),
-        row("on", on, on_cpu),
+        row("off"),
+        row("on"),
         "",
         f"Ratio of mean step time on / off: **{ratio:.3f}** ({(ratio - 1) * 100:+.1f}%; "
-        f"median of the per-pair ratios {statistics.median(pair_ratios):.3f}; "
-        f"engine-thread CPU {cpu_ratio:.3f}). Target: under 3%.",
-        END,
+        f"median of the per-pair ratios {ov['pair_median']:.3f}; "
+        f"engine-thread CPU {ov['cpu_ratio']:.3f}).",
+        "",
+        "Targets:",
+        "",
+        TARGETS["overhead"].line(ratio, f"{ratio:.3f}"),
     ]
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

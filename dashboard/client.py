@@ -127,3 +127,26 @@ def get_steps(
 def get_requests(url: str, session_id: str) -> list[dict[str, Any]]:
     """GET /api/sessions/{id}/requests: request records in arrival order."""
     return _get(url, f"/api/sessions/{session_id}/requests")["requests"]
+
+
+WHATIF_TIMEOUT_S = 30.0  # a simulation of the horizon runs on the server
+
+
+def preview_knobs(url: str, changes: dict[str, Any], horizon_s: float) -> tuple[bool, Any]:
+    """POST /api/whatif on the live engine: (True, the twin's answer: current and candidate
+    side by side, with the fit error) or (False, the server's message)."""
+    try:
+        resp = httpx.post(
+            url.rstrip("/") + "/api/whatif",
+            json={"knobs": changes, "source": "live", "horizon_s": horizon_s},
+            headers=_headers(),
+            timeout=WHATIF_TIMEOUT_S,
+        )
+    except httpx.HTTPError as exc:
+        return False, f"server unreachable: {exc}"
+    return (True, resp.json()) if resp.status_code == 200 else (False, _error(resp))
+
+
+def get_scorecard(url: str, limit: int = 20) -> list[dict[str, Any]]:
+    """GET /api/whatif/scorecard: applied knob changes, each predicted then observed."""
+    return _get(url, "/api/whatif/scorecard", limit=limit)["entries"]

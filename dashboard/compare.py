@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from dashboard import rolling
+from stats import percentile, tpot_span
 
 Record = dict[str, Any]
 
@@ -28,17 +28,11 @@ METRICS: tuple[tuple[str, str, bool], ...] = (
 )
 
 
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Linear-interpolated percentile (numpy's default) of `values`; None when empty."""
-    ranked = sorted(values)
-    return rolling.percentile(ranked, q) if ranked else None
-
-
 def tpot_ms(req: Record) -> float | None:
-    """Mean time per output token after the first: (e2e - ttft) / (output_len - 1)."""
-    if req.get("ttft_ms") is None or req.get("output_len", 0) < 2:
+    """A request record's TPOT (`stats.tpot_span`): its first token at TTFT, its last at E2E."""
+    if req.get("ttft_ms") is None:
         return None
-    return (req["e2e_ms"] - req["ttft_ms"]) / (req["output_len"] - 1)
+    return tpot_span(req["ttft_ms"], req["e2e_ms"], req.get("output_len", 0))
 
 
 def layer_imbalance(steps: Sequence[Record]) -> list[float]:
@@ -61,9 +55,9 @@ def summarize(session: Record, steps: Sequence[Record], requests: Sequence[Recor
     """The Compare page's numbers for one session.
 
     Throughput is tokens over the requests' span (first arrival to last finish); TTFT and
-    TPOT percentiles are over requests; preemptions are summed over requests; imbalance is the
-    mean over layers of `layer_imbalance`; mean step ms is the server's (every step) when
-    present, else the mean of the given steps' `dur_ms.total`.
+    TPOT percentiles (`stats.percentile`) are over requests; preemptions are summed over
+    requests; imbalance is the mean over layers of `layer_imbalance`; mean step ms is the
+    server's (every step) when present, else the mean of the given steps' `dur_ms.total`.
     """
     span = (
         max(r["finished_t"] for r in requests) - min(r["arrival"] for r in requests)

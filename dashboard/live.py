@@ -6,12 +6,22 @@ from typing import Any
 import streamlit as st
 
 from dashboard import charts
-from dashboard.client import get_experts, get_knobs, patch_knobs, rebalance_experts, ws_url
+from dashboard.client import (
+    get_experts,
+    get_knobs,
+    get_scorecard,
+    patch_knobs,
+    preview_knobs,
+    rebalance_experts,
+    ws_url,
+)
 from dashboard.stream import CONNECTED, TelemetryStream
+from dashboard.whatif_view import preview_caption, preview_rows, scorecard_rows
 from dashboard.window import StepWindow, WindowView
 
 REFRESH_S = 0.5
 MAX_WINDOW = 600
+PREVIEW_HORIZON_S = 60.0
 ROWS = (
     ("batch", "usage"),
     ("kv", "queues"),
@@ -73,17 +83,60 @@ def knob_input(name: str, entry: dict[str, Any], value: Any, key: str) -> None:
         )
 
 
-def apply_knobs(url: str, shown: dict[str, Any], keys: dict[str, str]) -> None:
-    """Apply's callback (it runs before the page is drawn again, which then reads the new
-    version): PATCH the knobs whose inputs differ from the values shown."""
-    changes = {
+def edited(shown: dict[str, Any], keys: dict[str, str]) -> dict[str, Any]:
+    """The knobs whose inputs differ from the values shown."""
+    return {
         name: st.session_state[key]
         for name, key in keys.items()
         if st.session_state[key] != shown[name]
     }
+
+
+def apply_knobs(url: str, shown: dict[str, Any], keys: dict[str, str]) -> None:
+    """Apply's callback (it runs before the page is drawn again, which then reads the new
+    version): PATCH the edited knobs. A preview stays on screen, to compare with what follows."""
+    changes = edited(shown, keys)
     st.session_state["knob_msg"] = (
         patch_knobs(url, changes) if changes else (True, "nothing changed")
     )
+
+
+def preview(url: str, shown: dict[str, Any], keys: dict[str, str]) -> None:
+    """Preview's callback: ask the twin what the edited knobs would do, applying nothing."""
+    changes = edited(shown, keys)
+    if not changes:
+        st.session_state["twin_preview"] = (False, "edit a knob to preview it", {})
+        return
+    ok, answer = preview_knobs(url, changes, PREVIEW_HORIZON_S)
+    st.session_state["twin_preview"] = (ok, answer, changes)
+
+
+def preview_panel() -> None:
+    shown = st.session_state.get("twin_preview")
+    if shown is None:
+        return
+    ok, answer, changes = shown
+    if not ok:
+        st.warning(answer)
+        return
+    st.caption("preview of " + ", ".join(f"{k} = {v}" for k, v in changes.items()))
+    st.table(preview_rows(answer))
+    st.caption(preview_caption(answer))
+
+
+def scorecard_panel(url: str) -> None:
+    """Applied changes as the twin predicted them and as they turned out."""
+    with st.expander("Twin scorecard"):
+        try:
+            entries = get_scorecard(url)
+        except Exception as exc:  # noqa: BLE001 - any failure is shown, the page keeps running
+            st.caption(f"cannot read the scorecard: {exc}")
+            return
+        if not entries:
+            st.caption("no knob change applied yet")
+            return
+        st.caption("predicted / observed (error)")
+        st.table(scorecard_rows(entries))
 
 
 def knob_panel(url: str) -> None:
@@ -99,12 +152,20 @@ def knob_panel(url: str) -> None:
     with st.form("knobs"):
         for name, key in keys.items():
             knob_input(name, state["schema"][name], knobs[name], key)
-        st.form_submit_button(
-            "Apply", key="apply", type="primary", on_click=apply_knobs, args=(url, knobs, keys)
-        )
+        apply_col, preview_col = st.columns(2)
+        with apply_col:
+            st.form_submit_button(
+                "Apply", key="apply", type="primary", on_click=apply_knobs, args=(url, knobs, keys)
+            )
+        with preview_col:
+            st.form_submit_button(
+                "Preview", key="preview", on_click=preview, args=(url, knobs, keys)
+            )
     msg = st.session_state.get("knob_msg")
     if msg is not None:
         (st.success if msg[0] else st.error)(msg[1])
+    preview_panel()
+    scorecard_panel(url)
 
 
 def rebalance_panel(url: str) -> None:

@@ -6,17 +6,12 @@ from collections import deque
 
 import numpy as np
 
-
-def percentile(ranked: list[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default) of sorted, non-empty `ranked`."""
-    pos = (len(ranked) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(ranked) - 1)
-    return ranked[lo] + (ranked[hi] - ranked[lo]) * (pos - lo)
+from stats import ranked_percentile
 
 
 class RollingPercentiles:
-    """p50 and p99 of the last `window` values, kept sorted as values come and go."""
+    """p50 and p99 (`stats.percentile`) of the last `window` values, kept sorted as values come
+    and go."""
 
     def __init__(self, window: int) -> None:
         self.values: deque[float] = deque()
@@ -32,7 +27,7 @@ class RollingPercentiles:
                 del self.ranked[bisect.bisect_left(self.ranked, self.values.popleft())]
         if not self.ranked:
             return math.nan, math.nan
-        return percentile(self.ranked, 50), percentile(self.ranked, 99)
+        return ranked_percentile(self.ranked, 50), ranked_percentile(self.ranked, 99)
 
 
 class RollingRate:

@@ -18,7 +18,7 @@ class Subscription:
     """
 
     def __init__(
-        self, maxlen: int, notify: Callable[[], None] | None = None, every: int = 1
+        self, maxlen: int, notify: Callable[[], object] | None = None, every: int = 1
     ) -> None:
         if maxlen < 1 or every < 1:
             raise ValueError("maxlen and every must be at least 1")
@@ -58,7 +58,7 @@ class TelemetryBus:
         self._lock = threading.Lock()
 
     def subscribe(
-        self, maxlen: int = 256, notify: Callable[[], None] | None = None, every: int = 1
+        self, maxlen: int = 256, notify: Callable[[], object] | None = None, every: int = 1
     ) -> Subscription:
         sub = Subscription(maxlen, notify, every)
         with self._lock:

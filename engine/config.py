@@ -1,13 +1,12 @@
-"""Configs fixed at start (model, cache, parallel, engine) and the live `Knobs`."""
+"""Configs fixed at start: model, cache, parallel and engine (the live knobs are in knobs.py)."""
 
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
-from engine.ep.placement import max_replicas
+from engine.knobs import Knobs
 
 Family = Literal["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]
 QKNorm = Literal["none", "head", "full"]
@@ -62,91 +61,6 @@ class ParallelConfig:
 
 
 Batching = Literal["continuous", "static"]
-
-
-class Knobs(BaseModel):
-    """Live scheduling and capacity knobs, validated as a whole (strict: no True for 1, no
-    "8" or 8.0 for 8)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-    max_num_seqs: int = Field(64, ge=1, le=4096, description="batch slots")
-    max_num_batched_tokens: int = Field(2048, ge=1, le=1 << 20, description="token budget per step")
-    prefill_chunk_size: int = Field(512, ge=0, le=1 << 20, description="0 = no chunking")
-    policy: Literal["fcfs", "priority", "shortest_first"] = "fcfs"
-    kv_capacity_blocks: int | None = Field(
-        None, ge=1, description="usable KV blocks (null = all allocated)"
-    )
-    kv_watermark: float = Field(
-        0.01, ge=0.0, le=0.5, description="fraction of usable blocks kept free before admitting"
-    )
-    preemption_mode: Literal["recompute", "swap"] = "recompute"
-    expert_capacity_factor: float | None = Field(
-        None, gt=0.0, le=64.0, description="null = dropless"
-    )
-    eplb_interval_steps: int | None = Field(
-        None,
-        ge=1,
-        le=1_000_000,
-        description="rebalance expert placement every N steps (null = off; needs ep_size > 1)",
-    )
-    eplb_replicas: int = Field(
-        0, ge=0, le=1024, description="redundant replicas of hot experts per layer on rebalance"
-    )
-
-    @model_validator(mode="after")
-    def _consistent(self, info: ValidationInfo) -> "Knobs":
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
-                f"max_num_seqs ({self.max_num_seqs}) so every slot can decode one token"
-            )
-        if self.prefill_chunk_size > self.max_num_batched_tokens:
-            raise ValueError(
-                f"prefill_chunk_size ({self.prefill_chunk_size}) must not exceed "
-                f"max_num_batched_tokens ({self.max_num_batched_tokens})"
-            )
-        ctx: dict[str, Any] = info.context or {}
-        total = ctx.get("total_blocks")
-        if total is not None and self.kv_capacity_blocks is not None:
-            if self.kv_capacity_blocks > total:
-                raise ValueError(
-                    f"kv_capacity_blocks ({self.kv_capacity_blocks}) must be at most the "
-                    f"{total} blocks allocated"
-                )
-            needed = ctx.get("min_blocks", 1)
-            if self.kv_capacity_blocks < needed:
-                raise ValueError(
-                    f"kv_capacity_blocks ({self.kv_capacity_blocks}) must be at least {needed}: "
-                    "the largest live request needs that many blocks to finish"
-                )
-        self._check_eplb(ctx)
-        max_len = ctx.get("max_model_len")
-        unchunked = self.prefill_chunk_size == 0
-        if unchunked and max_len is not None and self.max_num_batched_tokens < max_len:
-            raise ValueError(
-                f"prefill_chunk_size 0 (no chunking) needs max_num_batched_tokens "
-                f"({self.max_num_batched_tokens}) of at least max_model_len ({max_len})"
-            )
-        return self
-
-    def _check_eplb(self, ctx: dict[str, Any]) -> None:
-        ep_size, experts = ctx.get("ep_size"), ctx.get("num_experts")
-        if self.eplb_interval_steps is not None and ep_size == 1:
-            raise ValueError(
-                "eplb_interval_steps needs expert parallel (ep_size > 1); "
-                "this engine runs ep_size 1"
-            )
-        if (
-            experts is not None
-            and ep_size is not None
-            and self.eplb_replicas > max_replicas(experts, ep_size)
-        ):
-            raise ValueError(
-                f"eplb_replicas ({self.eplb_replicas}) must be at most "
-                f"{max_replicas(experts, ep_size)} ({experts} experts x "
-                f"{ep_size - 1} other ranks)"
-            )
 
 
 @dataclass(frozen=True)

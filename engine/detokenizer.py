@@ -6,7 +6,7 @@ bytes see the same context both times; the difference is the new text. The settl
 only moves when the new text does not end in an incomplete character (U+FFFD).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.model.tokenizer import Tokenizer
 
@@ -29,3 +29,30 @@ class IncrementalText:
             self.prefix, self.read = self.read, len(token_ids)
             return self.settled
         return self.settled + new
+
+
+@dataclass
+class OutputText:
+    """The text a request delivers: cut before the first stop string, and held back while a
+    later token could still change it (an incomplete UTF-8 sequence, a possible start of a
+    stop string), so that delivered text only ever grows."""
+
+    stop: tuple[str, ...] = ()
+    decoded: IncrementalText = field(default_factory=IncrementalText)
+    shown: str = ""
+    stopped: bool = False
+
+    def update(self, tokenizer: Tokenizer, token_ids: list[int], final: bool) -> None:
+        """Take the output tokens so far; `final` when no token will follow. Sets `stopped`
+        when a stop string matched (the request must end)."""
+        text = self.decoded.update(tokenizer, token_ids)
+        longest = max(map(len, self.stop), default=0)
+        start = max(0, len(self.shown) - longest)
+        hits = [i for s in self.stop if (i := text.find(s, start)) >= 0]
+        if hits:
+            self.shown, self.stopped = text[: min(hits)], True
+        elif final:
+            self.shown = text
+        else:
+            end = min(len(text.rstrip("\ufffd")), len(text) - max(0, longest - 1))
+            self.shown = text[: max(len(self.shown), end)]

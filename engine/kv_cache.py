@@ -6,6 +6,32 @@ from dataclasses import dataclass
 from engine.request import Request
 
 
+@dataclass(frozen=True)
+class KVStats:
+    """Block counts at one moment (device and host pools) and prefix-cache lookups so far."""
+
+    block_size: int
+    total: int
+    usable: int
+    used: int
+    cached: int
+    free: int
+    host_total: int
+    host_used: int
+    prefix_queries: int
+    prefix_hits: int
+
+    @property
+    def usage(self) -> float:
+        """Used share of the usable blocks."""
+        return round(self.used / self.usable, 4) if self.usable else 0.0
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Prompt tokens found in the prefix cache, as a share of those looked up."""
+        return round(self.prefix_hits / self.prefix_queries, 4) if self.prefix_queries else 0.0
+
+
 class OutOfBlocks(RuntimeError):
     """Raised when an allocation is attempted without enough usable blocks."""
 
@@ -39,6 +65,7 @@ class BlockManager:
         self.free_ids: deque[int] = deque(range(num_blocks))
         self.cached: OrderedDict[int, None] = OrderedDict()
         self.hash_to_block: dict[int, int] = {}
+        self.num_host_blocks = num_host_blocks
         self.host_free: deque[int] = deque(range(num_host_blocks))
         self.prefix_caching = prefix_caching
         self.usable = num_blocks
@@ -62,6 +89,20 @@ class BlockManager:
     def num_allocatable(self) -> int:
         """Blocks that can still be handed out (free within the usable area, or evictable)."""
         return max(0, self.usable - self.num_used)
+
+    def stats(self) -> KVStats:
+        return KVStats(
+            block_size=self.block_size,
+            total=self.total,
+            usable=self.usable,
+            used=self.num_used,
+            cached=self.num_cached,
+            free=self.num_free,
+            host_total=self.num_host_blocks,
+            host_used=self.num_host_blocks - len(self.host_free),
+            prefix_queries=self.prefix_queries,
+            prefix_hits=self.prefix_hits,
+        )
 
     def set_usable(self, usable: int) -> None:
         self.usable = usable
@@ -140,6 +181,7 @@ class BlockManager:
     def _evict_one(self, to_free: bool = True) -> int:
         block_id, _ = self.cached.popitem(last=False)
         block = self.blocks[block_id]
+        assert block.hash is not None  # only hashed full blocks are cached
         del self.hash_to_block[block.hash]
         block.hash = None
         block.token_ids = ()

@@ -1,6 +1,7 @@
 """The offline API: `LLM(model=...).generate(prompts, params)`."""
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from tqdm import tqdm
@@ -31,7 +32,7 @@ class LLM:
 
     def generate(
         self,
-        prompts: list[str] | list[list[int]],
+        prompts: Sequence[str | list[int]],
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
@@ -45,14 +46,14 @@ class LLM:
         for p in per_prompt:
             if not isinstance(p, SamplingParams):
                 raise TypeError(f"sampling_params must be SamplingParams, got {type(p).__name__}")
-        token_ids = [
-            self.engine.check_request(p, sp) for p, sp in zip(prompts, per_prompt, strict=True)
-        ]
         now = time.time()
-        ids = [
-            self.engine.add_request(t, sp, arrival=now)
-            for t, sp in zip(token_ids, per_prompt, strict=True)
+        reqs = [
+            self.engine.make_request(p, sp, arrival=now)
+            for p, sp in zip(prompts, per_prompt, strict=True)
         ]
+        for req in reqs:
+            self.engine.add(req)
+        ids = [req.request_id for req in reqs]
         done: dict[str, RequestOutput] = {}
         generated = 0
         with tqdm(total=len(ids), desc="generate", unit="req", disable=not use_tqdm) as bar:

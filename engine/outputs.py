@@ -2,11 +2,7 @@
 
 from dataclasses import dataclass, field
 
-
-def tpot(token_times: list[float]) -> float | None:
-    """Mean time per output token after the first."""
-    t = token_times
-    return (t[-1] - t[0]) / (len(t) - 1) if len(t) > 1 else None
+from stats import tpot
 
 
 @dataclass

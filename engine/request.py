@@ -5,8 +5,9 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-from engine.detokenizer import IncrementalText
+from engine.detokenizer import OutputText
 from engine.sampling_params import SamplingParams
+from engine.telemetry import RequestRecord
 
 _ids = itertools.count()
 
@@ -45,12 +46,13 @@ class Request:
     slot: int | None = None
     seq: int = field(default_factory=lambda: next(_ids))
     all_token_ids: list[int] = field(default_factory=list)
-    text: IncrementalText = field(default_factory=IncrementalText)  # of the output tokens
+    text: OutputText = field(default_factory=OutputText)  # of the output tokens
 
     def __post_init__(self) -> None:
         if not self.request_id:
             self.request_id = f"req-{self.seq}"
         self.all_token_ids = list(self.prompt_token_ids)
+        self.text = OutputText(self.params.stop)
 
     def append_token(self, token_id: int, now: float) -> None:
         self.output_token_ids.append(token_id)
@@ -81,3 +83,19 @@ class Request:
     @property
     def ttft_s(self) -> float | None:
         return self.token_times[0] - self.arrival if self.token_times else None
+
+    def end_record(self, now: float) -> RequestRecord:
+        """The one record of this request's end (it has a `finish_reason` by now)."""
+        ttft = self.ttft_s
+        return RequestRecord(
+            req=self.request_id,
+            arrival=self.arrival,
+            finished_t=now,
+            prompt_len=self.num_prompt_tokens,
+            output_len=len(self.output_token_ids),
+            max_tokens=self.params.max_tokens,
+            ttft_ms=None if ttft is None else round(ttft * 1000, 3),
+            finish_reason=self.finish_reason or "abort",
+            preemptions=self.num_preemptions,
+            e2e_ms=round((now - self.arrival) * 1000, 3),
+        )

@@ -121,7 +121,7 @@ class ModelRunner:
     def _swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
         out_dev, out_host = _columns(swap_out)
         in_host, in_dev = _columns(swap_in)
-        for i, layer in enumerate(self.model.layers):
+        for i, layer in enumerate(self.model.decoder_layers):
             attn = layer.self_attn
             for j, cache in enumerate((attn.k_cache, attn.v_cache)):
                 self.host_cache[i, j, out_host] = cache[out_dev.to(cache.device)].cpu()

@@ -26,7 +26,8 @@ class ScheduledChunk:
 
 @dataclass
 class SchedulerOutput:
-    """What one step runs: the chunks (decodes first), preemptions and KV swaps."""
+    """What one step runs: the chunks (running decodes, running prefills, swapped-in requests,
+    then admitted ones), preemptions and KV swaps."""
 
     step: int
     chunks: list[ScheduledChunk] = field(default_factory=list)
@@ -216,6 +217,13 @@ class Scheduler:
         if req.slot is not None:
             heapq.heappush(self.free_slots, req.slot)
             req.slot = None
+
+    def advance(self, out: SchedulerOutput) -> None:
+        """Account for a step having run `out`: computed tokens, and blocks that became full
+        (registered for prefix reuse). Sampled tokens are the caller's to append."""
+        for chunk in out.chunks:
+            chunk.req.num_computed_tokens += chunk.num_tokens
+            self.blocks.register_full_blocks(chunk.req)
 
     def finish(self, req: Request, reason: str) -> None:
         """Remove a request from whatever queue holds it and free its blocks."""

@@ -95,6 +95,22 @@ class KnobChange(BaseModel):
     changes: dict[str, list[Any]]
 
 
+class RequestRecord(BaseModel):
+    """One request's end (finished, aborted or failed): published once on the loop's request
+    bus, where /metrics and the recorder read it."""
+
+    req: str
+    arrival: float
+    finished_t: float
+    prompt_len: int
+    output_len: int
+    max_tokens: int
+    ttft_ms: float | None
+    finish_reason: str
+    preemptions: int
+    e2e_ms: float
+
+
 class StepTelemetry(BaseModel):
     v: int = TELEMETRY_VERSION
     session: str

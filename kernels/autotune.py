@@ -11,6 +11,7 @@ only to check the command itself).
 """
 
 import argparse
+import functools
 import itertools
 import time
 from collections.abc import Callable, Sequence
@@ -63,7 +64,7 @@ def fastest(configs: Sequence[GemmConfig], run: Callable[[GemmConfig], None]) ->
     best, best_ms = None, float("inf")
     for cfg in configs:
         try:
-            ms = measure(lambda cfg=cfg: run(cfg))
+            ms = measure(functools.partial(run, cfg))
         except Exception as err:  # noqa: BLE001 - out of shared memory or registers on this device
             print(f"  skip {cfg}: {type(err).__name__}")
             continue

@@ -38,20 +38,28 @@ def write_jsonl(store: Store, session_id: str, out: IO[str]) -> int:
     return n
 
 
-def _step_columns() -> list[tuple[str, pa.DataType, Callable[[dict[str, Any]], Any]]]:
+Getter = Callable[[dict[str, Any]], Any]
+
+
+def _get(group: str, key: str) -> Getter:
+    """Reads record[group][key] (None where an older record lacks the key)."""
+    return lambda r: r[group].get(key)
+
+
+def _step_columns() -> list[tuple[str, pa.DataType, Getter]]:
     i64, f64 = pa.int64(), pa.float64()
-    cols: list[tuple[str, pa.DataType, Callable[[dict[str, Any]], Any]]] = [
+    cols: list[tuple[str, pa.DataType, Getter]] = [
         ("step", i64, lambda r: r["step"]),
         ("t", f64, lambda r: r["t"]),
         ("knobs_version", i64, lambda r: r["knobs_version"]),
     ]
     for part in ("schedule", "prepare", "forward", "moe", "sample", "total"):
-        cols.append((f"dur_{part}_ms", f64, lambda r, p=part: r["dur_ms"][p]))
+        cols.append((f"dur_{part}_ms", f64, _get("dur_ms", part)))
     for key in ("max_slots", "token_budget", "num_prefill_tokens", "num_decode_tokens"):
-        cols.append((key, i64, lambda r, k=key: r["batch"][k]))
+        cols.append((key, i64, _get("batch", key)))
     cols.append(("num_slots", i64, lambda r: len(r["batch"]["slots"])))
     for key in ("waiting", "running", "swapped", "arrived", "finished", "preempted"):
-        cols.append((f"queue_{key}", i64, lambda r, k=key: r["queue"][k]))
+        cols.append((f"queue_{key}", i64, _get("queue", key)))
     for key in (
         "block_size",
         "total",
@@ -64,7 +72,7 @@ def _step_columns() -> list[tuple[str, pa.DataType, Callable[[dict[str, Any]], A
         "host_total",
         "host_used",
     ):
-        cols.append((f"kv_{key}", i64, lambda r, k=key: r["kv"].get(k)))
+        cols.append((f"kv_{key}", i64, _get("kv", key)))
     cols += [
         ("kv_prefix_hit_rate", f64, lambda r: r["kv"].get("prefix_hit_rate")),
         ("expert_counts", pa.list_(pa.list_(i64)), lambda r: r["experts"]["counts"]),

@@ -1,4 +1,5 @@
-"""SQLAlchemy 2 ORM models: sessions, steps, knob_changes, requests and the schema version."""
+"""SQLAlchemy 2 ORM models: sessions, steps, knob_changes, requests, the what-if scorecard and
+the schema version."""
 
 from typing import Any
 
@@ -86,3 +87,24 @@ class RequestRow(Base):
     e2e_ms: Mapped[float]
     finish_reason: Mapped[str] = mapped_column(String(16))
     preemptions: Mapped[int]
+
+
+class ScorecardRow(Base):
+    """One applied knob change scored: the live twin's prediction when it applied (or why there
+    was none) and, once its horizon passed, what was observed, with each metric's error.
+
+    `session_id` has no foreign key: a server that does not record its session still scores."""
+
+    __tablename__ = "whatif_scorecard"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(String(40), index=True)
+    version: Mapped[int]
+    t: Mapped[float] = mapped_column(index=True)
+    origin: Mapped[str] = mapped_column(String(64))
+    changes: Mapped[dict[str, Any]]
+    horizon_s: Mapped[float]
+    predicted: Mapped[dict[str, Any] | None]
+    reason: Mapped[str | None] = mapped_column(String(2000))
+    observed: Mapped[dict[str, Any] | None]
+    errors: Mapped[dict[str, Any] | None]
+    observed_t: Mapped[float | None]

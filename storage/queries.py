@@ -1,12 +1,13 @@
 """Reading sessions back: lists, summaries, steps in a range, knob changes, requests; edits."""
 
-import statistics
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Row, delete, func, select, update
 from sqlalchemy.orm import Session
 
-from storage.models import KnobChangeRow, RequestRow, SessionRow, StepRow
+from stats import QUANTILES, summary
+from storage.models import KnobChangeRow, RequestRow, ScorecardRow, SessionRow, StepRow
 from storage.store import SessionNotFound, SessionOpen, Store
 
 MAX_STEPS_PER_QUERY = 10_000
@@ -109,17 +110,20 @@ def get_session(store: Store, session_id: str) -> dict[str, Any]:
     return out
 
 
-def _request_stats(reqs: list[Row[Any]]) -> dict[str, Any]:
+def _request_stats(reqs: Sequence[Row[str, int, int, float | None]]) -> dict[str, Any]:
+    """Finish reasons, token counts and TTFT percentiles (`stats.summary`, None without any)."""
     reasons: dict[str, int] = {}
     for r in reqs:
         reasons[r.finish_reason] = reasons.get(r.finish_reason, 0) + 1
-    ttft = sorted(r.ttft_ms for r in reqs if r.ttft_ms is not None)
+    ttft = summary(r.ttft_ms for r in reqs if r.ttft_ms is not None)
     return {
         "finish_reasons": reasons,
         "prompt_tokens": sum(r.prompt_len for r in reqs),
         "output_tokens": sum(r.output_len for r in reqs),
-        "ttft_ms_p50": round(statistics.median(ttft), 3) if ttft else None,
-        "ttft_ms_p90": round(ttft[min(len(ttft) - 1, int(0.9 * len(ttft)))], 3) if ttft else None,
+        **{
+            f"ttft_ms_p{q}": None if (v := ttft[f"p{q}"]) is None else round(v, 3)
+            for q in QUANTILES
+        },
     }
 
 
@@ -148,6 +152,24 @@ def steps(
         query = query.where(StepRow.step % every == 0)
     with Session(store.engine) as conn:
         return list(conn.execute(query.order_by(StepRow.step).limit(limit)).scalars())
+
+
+def all_steps(store: Store, session_id: str) -> list[dict[str, Any]]:
+    """Every telemetry record of a session in step order, read a page at a time."""
+    out: list[dict[str, Any]] = []
+    while True:
+        page = steps(store, session_id, out[-1]["step"] + 1 if out else None)
+        out += page
+        if len(page) < MAX_STEPS_PER_QUERY:
+            return out
+
+
+def recording(
+    store: Store, session_id: str
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    """A session's summary (with its config and knobs), all its steps and its request records,
+    as the what-if twin takes them; SessionNotFound for an unknown id."""
+    return get_session(store, session_id), all_steps(store, session_id), requests(store, session_id)
 
 
 def knob_changes(store: Store, session_id: str) -> list[dict[str, Any]]:
@@ -211,7 +233,7 @@ def delete_session(store: Store, session_id: str, only_ended: bool = False) -> N
         if row.ended_t is None:
             raise SessionOpen(session_id)
     with store.engine.begin() as conn:
-        for table in (StepRow, KnobChangeRow, RequestRow):
+        for table in (StepRow, KnobChangeRow, RequestRow, ScorecardRow):
             conn.execute(delete(table).where(table.session_id == session_id))
         conn.execute(
             update(SessionRow).where(SessionRow.parent_id == session_id).values(parent_id=None)

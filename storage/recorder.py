@@ -190,8 +190,9 @@ class Recorder:
             return
         now = time.time()
         with self._lock:
-            for sid in {self.main_session, self.current_session} - {None}:
-                self._meta.setdefault(sid, {})["ended_t"] = now
+            for sid in (self.main_session, self.current_session):
+                if sid is not None:
+                    self._meta.setdefault(sid, {})["ended_t"] = now
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout)

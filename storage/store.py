@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, inspect, select
+from sqlalchemy import Engine, create_engine, event, insert, inspect, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
@@ -86,8 +86,8 @@ class Store:
         except Exception as exc:  # noqa: BLE001 - SQLAlchemy raises several kinds here
             raise StorageError(f"bad database URL {url!r}: {exc}") from None
         path = parsed.database
-        is_file = parsed.get_backend_name() == "sqlite" and path and path != ":memory:"
-        if is_file and not create and not Path(path).is_file():
+        is_file = parsed.get_backend_name() == "sqlite" and path not in (None, "", ":memory:")
+        if path and is_file and not create and not Path(path).is_file():
             raise StorageError(f"no database at {self.display_url} (no such file)")
         try:
             self.engine = make_engine(url, timeout_s)
@@ -118,7 +118,7 @@ class Store:
             try:
                 with self.engine.begin() as conn:
                     conn.execute(
-                        SchemaInfo.__table__.insert().values(
+                        insert(SchemaInfo).values(
                             id=1, version=SCHEMA_VERSION, created_t=time.time()
                         )
                     )
@@ -132,6 +132,10 @@ class Store:
                 f"reads version {SCHEMA_VERSION}. Use another --db, or read that database with "
                 f"the moescope version that wrote it."
             )
+        if create:
+            # tables added since the database was made (the what-if scorecard) are created
+            # here, so an older database of this schema version stays usable
+            Base.metadata.create_all(self.engine)
 
     def close(self) -> None:
         self.engine.dispose()

@@ -11,8 +11,9 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for folder in (ROOT, ROOT / "benchmarks"):  # the packages; machine, results_md and targets
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
 
 
 def pick_device(dry_run: bool) -> torch.device:

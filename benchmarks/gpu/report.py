@@ -4,34 +4,45 @@
         [--out table.md] [--results benchmarks/RESULTS.md]
 
 --results replaces (or appends) the gpu_kernels section of RESULTS.md, leaving the others;
-run it here on the files that run_all.sh left in $OUT.
+run it here on the files that run_all.sh left in $OUT. The section's machine is the one
+roofline.py measured on.
 """
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for results_md
-
 from bench_util import load
-from results_md import write_section
+from results_md import header, publish
+from targets import Target
 
-TARGET = 0.6
-BEGIN, END = "<!-- gpu_kernels:begin -->", "<!-- gpu_kernels:end -->"
+SECTION = "gpu_kernels"
+TARGETS = {
+    "prefill": Target("prefill at its largest token count, share of measured bf16 peak", 0.6),
+    "decode": Target("decode, share of measured copy bandwidth", 0.6),
+    "fine_grained": Target("fine-grained rows: slowest speedup over grouped_mm", 1.0),
+}
 
 
 def ratio(base: float | None, ours: float) -> str:
     return "n/a" if base is None else f"{base / ours:.2f}x"
 
 
+def tflops(row: dict[str, Any]) -> float:
+    return row["flop"] / row["ms"]["ours"] / 1e9
+
+
+def gbps(row: dict[str, Any]) -> float:
+    return row["weight_bytes"] / row["ms"]["ours"] / 1e6
+
+
 def kernel_row(row: dict[str, Any], roof: dict[str, Any]) -> str:
     ms = row["ms"]
-    tflops = row["flop"] / ms["ours"] / 1e9
-    gbps = row["weight_bytes"] / ms["ours"] / 1e6
     prefill = row["phase"] == "prefill"
-    compute = f"{tflops:.1f} | {tflops / roof['matmul_tflops']:.0%}" if prefill else "– | –"
-    memory = "– | –" if prefill else f"{gbps:.0f} | {gbps / roof['copy_gbps']:.0%}"
+    compute = (
+        f"{tflops(row):.1f} | {tflops(row) / roof['matmul_tflops']:.0%}" if prefill else "– | –"
+    )
+    memory = "– | –" if prefill else f"{gbps(row):.0f} | {gbps(row) / roof['copy_gbps']:.0%}"
     return (
         f"| {row['name']} (E{row['experts']} top-{row['top_k']} H{row['hidden']} "
         f"I{row['inter']}) | {row['phase']} | {row['tokens']} | {row['active']} | "
@@ -40,35 +51,34 @@ def kernel_row(row: dict[str, Any], roof: dict[str, Any]) -> str:
     )
 
 
-def targets(rows: list[dict[str, Any]], roof: dict[str, Any]) -> list[str]:
-    """One line per target, met or missed."""
-    lines = []
+def check(key: str, subject: str, value: float) -> dict[str, Any]:
+    return {"target": key, "subject": subject, "value": value, "met": TARGETS[key].met(value)}
+
+
+def check_targets(rows: list[dict[str, Any]], roof: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per shape: its largest prefill against the peak and every decode row against the
+    bandwidth; then the fine-grained rows against grouped_mm."""
+    checks = []
     for name in dict.fromkeys(r["name"] for r in rows):
         prefill = [r for r in rows if r["name"] == name and r["phase"] == "prefill"]
         if prefill:
             big = max(prefill, key=lambda r: r["tokens"])
-            frac = big["flop"] / big["ms"]["ours"] / 1e9 / roof["matmul_tflops"]
-            lines.append(
-                f"- [{'x' if frac >= TARGET else ' '}] {name} prefill "
-                f"{big['tokens']} tokens at {frac:.0%} of measured bf16 peak "
-                f"(target {TARGET:.0%})"
-            )
+            subject = f"{name} prefill {big['tokens']} tokens"
+            checks.append(check("prefill", subject, tflops(big) / roof["matmul_tflops"]))
         for r in rows:
             if r["name"] == name and r["phase"] == "decode":
-                frac = r["weight_bytes"] / r["ms"]["ours"] / 1e6 / roof["copy_gbps"]
-                lines.append(
-                    f"- [{'x' if frac >= TARGET else ' '}] {name} decode "
-                    f"{r['tokens']} tokens at {frac:.0%} of measured bandwidth "
-                    f"(target {TARGET:.0%})"
-                )
+                subject = f"{name} decode {r['tokens']} tokens"
+                checks.append(check("decode", subject, gbps(r) / roof["copy_gbps"]))
     fine = [r for r in rows if r["name"] == "fine-grained" and r["ms"]["grouped_mm"]]
     if fine:
         worst = min(r["ms"]["grouped_mm"] / r["ms"]["ours"] for r in fine)
-        lines.append(
-            f"- [{'x' if worst > 1 else ' '}] faster than grouped_mm on every "
-            f"fine-grained row (worst {worst:.2f}x)"
-        )
-    return lines
+        checks.append(check("fine_grained", "every fine-grained row", worst))
+    return checks
+
+
+def target_line(c: dict[str, Any]) -> str:
+    shown = f"{c['value']:.2f}x" if c["target"] == "fine_grained" else f"{c['value']:.0%}"
+    return TARGETS[c["target"]].line(c["value"], f"{c['subject']}: {shown}")
 
 
 def engine_lines(runs: list[dict[str, Any]]) -> list[str]:
@@ -87,7 +97,10 @@ def engine_lines(runs: list[dict[str, Any]]) -> list[str]:
 
 
 def render(
-    roof: dict[str, Any], rows: list[dict[str, Any]], runs: list[dict[str, Any]] | None
+    roof: dict[str, Any],
+    rows: list[dict[str, Any]],
+    runs: list[dict[str, Any]] | None,
+    checks: list[dict[str, Any]],
 ) -> str:
     lines = [
         f"Device: {roof['device']}; measured copy bandwidth {roof['copy_gbps']:.0f} GB/s (read "
@@ -100,34 +113,32 @@ def render(
         "",
         "Targets:",
         "",
-        *targets(rows, roof),
+        *map(target_line, checks),
     ]
     if runs:
         lines += ["", *engine_lines(runs)]
     return "\n".join(lines) + "\n"
 
 
-def write_results(path: Path, table: str) -> None:
-    """Replace the gpu_kernels section of RESULTS.md with this table, or append it."""
-    section = "\n".join(
+def section(table: str, machine: dict[str, Any]) -> str:
+    """The gpu_kernels section of RESULTS.md around `table`."""
+    title = "GPU kernels and engine (`benchmarks/gpu/run_all.sh`)"
+    return "\n".join(
         [
-            BEGIN,
-            "## GPU kernels and engine (`benchmarks/gpu/run_all.sh`)",
-            "",
-            "- Command: `bash benchmarks/gpu/run_all.sh` on the device machine (carry `.whl`), "
-            "then `python benchmarks/gpu/report.py ... --results benchmarks/RESULTS.md` "
-            "on its files",
+            header(title, ["bash", "benchmarks/gpu/run_all.sh"], None, machine),
+            "- Report: `python benchmarks/gpu/report.py ... --results benchmarks/RESULTS.md` "
+            "here on the files run_all.sh left on the device machine (carry `.whl` there)",
             "- Times: triton.testing.do_bench (L2 flushed between calls); bf16; uniform random "
             "routing; each implementation computes gather, both projections, weighting and scatter",
             "",
-            table.rstrip("\n"),
-            END,
+            table,
         ]
     )
-    write_section(path, section, BEGIN, END)
 
 
-def main(argv: list[str] | None = None) -> str:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Print the table (and write it with --out, its section with --results); returns the
+    target checks: target, subject, value, met."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--roofline", type=Path, required=True)
     p.add_argument("--moe", type=Path, required=True)
@@ -135,14 +146,16 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--out", type=Path, default=None, help="also write the table here")
     p.add_argument("--results", type=Path, default=None, help="RESULTS.md to update")
     args = p.parse_args(argv)
+    roof, rows = load(args.roofline), load(args.moe)
     runs = load(args.engine) if args.engine and args.engine.exists() else None
-    text = render(load(args.roofline), load(args.moe), runs)
-    print(text, end="")
+    checks = check_targets(rows, roof)
+    table = render(roof, rows, runs, checks)
+    print(table, end="")
     if args.out is not None:
-        args.out.write_text(text)
+        args.out.write_text(table)
     if args.results is not None:
-        write_results(args.results, text)
-    return text
+        publish(SECTION, section(table, roof["machine"]), args.results)
+    return {"targets": checks}
 
 
 if __name__ == "__main__":

@@ -5,9 +5,11 @@ python benchmarks/gpu/roofline.py --json out.json [--dry-run]
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import torch
 from bench_util import pick_device, save, time_ms
+from machine import measure
 
 
 def copy_bandwidth(device: torch.device, nbytes: int) -> float:
@@ -26,7 +28,8 @@ def matmul_tflops(device: torch.device, n: int) -> float:
     return 2 * n**3 / ms / 1e9
 
 
-def main(argv: list[str] | None = None) -> dict[str, float | str]:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Measure the ceilings; with them, the machine (`machine.measure`) for the report."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU")
@@ -37,6 +40,7 @@ def main(argv: list[str] | None = None) -> dict[str, float | str]:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "copy_gbps": copy_bandwidth(device, nbytes),
         "matmul_tflops": matmul_tflops(device, n),
+        "machine": measure(),
     }
     print(
         f"{result['device']}: copy {result['copy_gbps']:.0f} GB/s (read + written), "

@@ -20,6 +20,9 @@ class RMSNorm(nn.Module):
 class Rotary(nn.Module):
     """Rotate-half RoPE with a cos/sin table precomputed up to `max_len` positions."""
 
+    cos: torch.Tensor  # buffers
+    sin: torch.Tensor
+
     def __init__(self, head_dim: int, theta: float, max_len: int) -> None:
         super().__init__()
         inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim)

@@ -110,7 +110,7 @@ def _synthetic(
                     generator=gen,
                 )
         skew = -cfg.router_skew * torch.log1p(torch.arange(cfg.num_experts, dtype=torch.float))
-        for layer in model.layers:
+        for layer in model.decoder_layers:
             layer.mlp.router_bias.copy_(skew)
     return model.to(device=device, dtype=dtype).eval(), tok
 
@@ -381,7 +381,7 @@ def _copy(dst: torch.Tensor, src: torch.Tensor, where: str) -> None:
 
 def _expert_weight(model: MoETransformer, layer: int, expert: int, role: str) -> torch.Tensor:
     """The [out, in] view (as checkpoints store it) of one expert's projection."""
-    mlp = model.layers[layer].mlp
+    mlp = model.decoder_layers[layer].mlp
     inter = model.cfg.moe_intermediate_size
     if role == "gate":
         return mlp.w_gate_up[expert, :, :inter].T

@@ -36,6 +36,8 @@ def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Te
 
 
 class MoEBlock(nn.Module):
+    router_bias: torch.Tensor  # a buffer
+
     def __init__(self, cfg: ModelConfig, index: int = 0) -> None:
         super().__init__()
         self.index = index

@@ -1,5 +1,7 @@
 """A Mixtral-shaped MoE decoder over a flat batch of tokens from many sequences."""
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -39,6 +41,11 @@ class MoETransformer(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
+    @property
+    def decoder_layers(self) -> list[DecoderLayer]:
+        """The layers with their type (iterating an nn.ModuleList gives plain Modules)."""
+        return [cast(DecoderLayer, layer) for layer in self.layers]
+
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
     ) -> torch.Tensor:
@@ -56,7 +63,7 @@ class MoETransformer(nn.Module):
         cfg = self.cfg
         weight = self.embed_tokens.weight
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        for layer in self.layers:
+        for layer in self.decoder_layers:
             attn = layer.self_attn
             attn.k_cache = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
             attn.v_cache = torch.zeros(shape, dtype=weight.dtype, device=weight.device)

@@ -74,9 +74,10 @@ def test_websocket_needs_the_key_as_header_or_query(guarded: Served) -> None:
         with pytest.raises(InvalidStatus) as info:
             ws_connect(url, additional_headers=headers)
         assert info.value.response.status_code == 403
-    for query, headers in ((f"?token={KEY}&every=1", None), ("", _auth(KEY))):
+    for seqs, (query, headers) in enumerate(((f"?token={KEY}&every=1", None), ("", _auth(KEY))), 5):
         with telemetry_ws(guarded, query, additional_headers=headers) as (ws, _):
-            guarded.loop.update_knobs({"max_num_seqs": 5}).result(TIMEOUT)
+            # a change makes a step
+            guarded.loop.update_knobs({"max_num_seqs": seqs}).result(TIMEOUT)
             assert "step" in json.loads(ws.recv(timeout=TIMEOUT))
 
 

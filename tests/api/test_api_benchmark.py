@@ -4,20 +4,21 @@ from pathlib import Path
 
 import pytest
 import serving as bench  # benchmarks/ is on pytest's pythonpath
+from results_md import markers
 
 
 @pytest.mark.slow
-def test_quick_run_writes_its_section(tmp_path: Path) -> None:
+def test_quick_run_measures_rates_and_overhead(tmp_path: Path) -> None:
     results = tmp_path / "RESULTS.md"
     results.write_text("# Benchmark results\n\n<!-- other:begin -->\nkept\n<!-- other:end -->\n")
-    section = bench.main(["--quick", "--results", str(results)])
+    out = bench.main(["--quick", "--results", str(results)])
+    [rate] = out["rates"]
+    assert rate["rate"] == 4 and rate["requests"] == rate["ok"] == 6 and rate["steps"] > 0
+    assert rate["ttft_ms"]["count"] == 6 and rate["tpot_ms"]["p50"] > 0
+    ov = out["overhead"]
+    assert [len(ov["runs"][m]) for m in ("off", "on")] == [1, 1]  # --quick: one pair
+    assert ov["runs"]["on"][0]["messages"] > 0 and ov["ratio"] > 0
+    target = out["targets"]["overhead"]
+    assert target["value"] == ov["ratio"] and target["met"] == (ov["ratio"] <= 1.03)
     text = results.read_text()
-    assert "kept" in text and section in text
-    assert "| 4 | 6 (6) |" in section
-    assert "Ratio of mean step time on / off" in section
-    bench.write_section(
-        results, section.replace("Online serving", "Online serving again"), bench.BEGIN, bench.END
-    )
-    text = results.read_text()
-    assert text.count("<!-- serving:begin -->") == 1 and "serving again" in text
-    assert "kept" in text
+    assert "kept" in text and all(text.count(m) == 1 for m in markers(bench.SECTION))

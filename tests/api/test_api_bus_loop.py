@@ -8,6 +8,7 @@ from api_servers import MODEL, TIMEOUT, wait_for
 
 from engine import LLMEngine, SamplingParams
 from engine.bus import TelemetryBus
+from engine.errors import InvalidInput
 from engine.loop import EngineDead, EngineLoop
 from engine.outputs import RequestOutput
 
@@ -59,7 +60,8 @@ def _run(
         if out.finished:
             done.set()
 
-    loop.submit(prompt, SamplingParams(temperature=0.0, ignore_eos=True, **params), on_output, stop)
+    params = {"temperature": 0.0, "ignore_eos": True, "stop": stop, **params}
+    loop.submit(prompt, SamplingParams.model_validate(params), on_output)
     assert done.wait(TIMEOUT)
     return outs
 
@@ -102,14 +104,39 @@ def test_a_stop_string_finish_is_in_the_step_latencies(loop: EngineLoop) -> None
 
 
 def test_refused_requests_and_a_stopped_loop(loop: EngineLoop) -> None:
-    with pytest.raises(ValueError, match="vocabulary"):
+    with pytest.raises(InvalidInput, match="vocabulary") as refused:
         loop.submit([999], SamplingParams(), lambda _: None)
-    with pytest.raises(ValueError, match="stop"):
-        loop.submit([1], SamplingParams(), lambda _: None, stop=("",))
-    with pytest.raises(ValueError, match="origin"):
+    assert refused.value.param == "prompt"
+    with pytest.raises(InvalidInput, match="origin") as refused:
         loop.update_knobs({"origin": "x"}).result(TIMEOUT)
+    assert refused.value.param == "origin"
     assert loop.update_knobs({"max_num_seqs": 2}).result(TIMEOUT) == 2
     assert loop.knobs.max_num_seqs == 2
     loop.stop()
     with pytest.raises(EngineDead):
         loop.submit([1], SamplingParams(), lambda _: None)
+
+
+def test_each_request_ends_in_one_record(loop: EngineLoop) -> None:
+    """Finished, stopped-by-string and aborted requests each publish one RequestRecord."""
+    sub = loop.requests.subscribe()
+    full = _run(loop, [256, 1, 2, 3], max_tokens=12)[-1]
+    stop = _stop_inside(_run(loop, [256, 1, 2, 3], max_tokens=48)[-1].text)
+    cut = _run(loop, [256, 1, 2, 3], (stop,), max_tokens=48)[-1]
+    held = threading.Event()
+    aborted = loop.submit(
+        [256, 5, 6], SamplingParams(max_tokens=400, ignore_eos=True), lambda _: held.set()
+    )
+    assert held.wait(10)
+    loop.abort(aborted)
+    records: list[dict] = []
+    wait_for(lambda: records.extend(sub.drain()[0]) or len(records) >= 4, what="4 end records")
+    by_id = {r["req"]: r for r in records}
+    assert len(records) == len(by_id) == 4
+    assert by_id[full.request_id]["finish_reason"] == "length"
+    assert by_id[full.request_id]["output_len"] == 12
+    assert by_id[cut.request_id]["finish_reason"] == "stop"
+    assert by_id[cut.request_id]["output_len"] == len(cut.token_ids)
+    assert by_id[aborted]["finish_reason"] == "abort"
+    assert all(r["ttft_ms"] is not None and r["e2e_ms"] >= r["ttft_ms"] for r in records)
+    loop.requests.unsubscribe(sub)

@@ -103,3 +103,24 @@ def test_replay_page_plays_a_recorded_session_to_its_end(served: Served) -> None
     steps = [f["step"] for f in stream.frames()]
     assert steps == sorted(steps) and len(steps) >= 8
     stream.stop()
+
+
+def test_preview_shows_the_twins_prediction_and_applies_nothing(served: Served) -> None:
+    traffic(served.loop, 6, 64)  # enough busy steps for the live twin to fit
+    wait_idle(served.loop)
+    at = _app(served)
+    state = get_knobs(served.url)
+    version, seqs = state["version"], state["knobs"]["max_num_seqs"]
+    at.number_input(key=f"knob_max_num_seqs_v{version}").set_value(seqs // 2)
+    at.button(key="preview").click().run()
+    assert not at.exception
+    assert get_knobs(served.url)["version"] == version  # a preview applies nothing
+    (table,) = at.table
+    rows = {row["metric"]: row for row in table.value.to_dict("records")}
+    assert set(rows["TTFT p90 ms"]) == {"metric", "now", "with the change", "change"}
+    assert rows["throughput tok/s"]["now"] != "–"
+    assert any(f"max_num_seqs = {seqs // 2}" in c.value for c in at.caption)
+    at.button(key="apply").click().run()  # the prediction stays beside the applied change
+    assert "accepted as version" in at.success[0].value
+    assert len(at.table) >= 1 and any("preview of" in c.value for c in at.caption)
+    at.session_state["stream"].stop()

@@ -15,7 +15,6 @@ from dashboard.compare import (
     chart_every,
     delta_rows,
     layer_imbalance,
-    percentile,
     summarize,
     tpot_ms,
 )
@@ -36,13 +35,6 @@ def _req(
         "finish_reason": "length",
         "preemptions": preempt,
     }
-
-
-def test_percentile_matches_linear_interpolation() -> None:
-    assert percentile([], 50) is None
-    assert percentile([3.0], 99) == 3.0
-    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
-    assert percentile(list(map(float, range(101))), 99) == pytest.approx(99.0)
 
 
 def test_tpot_excludes_the_first_token() -> None:

@@ -4,22 +4,24 @@ from pathlib import Path
 
 import expert_parallel as bench  # benchmarks/ is on pytest's pythonpath
 import pytest
+from results_md import markers
 
 
 @pytest.mark.slow
-def test_quick_run_writes_the_section(tmp_path: Path) -> None:
+def test_quick_run_rebalances_and_moves_bytes(tmp_path: Path) -> None:
     results = tmp_path / "RESULTS.md"
     results.write_text("# Benchmark results\n\nkept\n")
-    section = bench.main(["--quick", "--results", str(results)])
-    rows = [
-        line
-        for line in section.splitlines()
-        if line.startswith("| 1 process") or line.startswith("| 2 ranks")
+    runs = bench.main(["--quick", "--results", str(results)])["runs"]
+    assert [r.name for r in runs] == [
+        "1 process",
+        "2 ranks, contiguous",
+        "2 ranks, rebalanced",
+        "2 ranks, rebalanced + 2 replicas",
     ]
-    assert len(rows) == 4
-    cells = [[cell.strip().replace(",", "") for cell in row.split("|")] for row in rows]
-    a2a, gather, imbalance = ([float(c[i]) for c in cells] for i in (5, 6, 7))
-    assert imbalance[0] == 1.0 and imbalance[2] < imbalance[1]
-    assert a2a[0] == gather[0] == 0 and min(a2a[1:]) > 0 and min(gather[1:]) > 0
+    assert runs[0].imbalance == 1.0 and runs[2].imbalance < runs[1].imbalance
+    assert runs[0].bytes_per_token == runs[0].gather_per_token == 0
+    assert min(r.bytes_per_token for r in runs[1:]) > 0
+    assert min(r.gather_per_token for r in runs[1:]) > 0
+    assert all(len(r.rank_tokens) == 2 for r in runs[1:])
     text = results.read_text()
-    assert "kept" in text and section in text
+    assert "kept" in text and text.count(markers(bench.SECTION)[0]) == 1

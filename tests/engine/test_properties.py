@@ -11,12 +11,12 @@ seeded sampling, dropless MoE): scheduling, preemption and swapping never change
 from collections import Counter
 from typing import Any
 
-import pydantic
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import LLMEngine, RequestOutput, SamplingParams, StepTelemetry
+from engine.errors import InvalidInput
 from engine.request import Request, Status
 
 BLOCK_SIZE = 4
@@ -114,14 +114,16 @@ class Workload:
 
     def abort(self, rid: str) -> None:
         done = rid in self.finished or rid in self.aborted
-        assert self.engine.abort(rid) == (not done)
+        record = self.engine.abort(rid)
+        assert (record is not None) == (not done)
+        assert record is None or (record.req, record.finish_reason) == (rid, "abort")
         self.aborted.add(rid)
 
     def change_knobs(self, changes: dict[str, Any]) -> None:
         knobs = self.engine.knobs
         try:
             version = self.engine.update_knobs(origin="hypothesis", **changes)
-        except pydantic.ValidationError:
+        except InvalidInput:
             assert self.engine.knobs_version == self.version
         else:
             changed = any(self.accepted[k] != v for k, v in changes.items())

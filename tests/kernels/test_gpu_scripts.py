@@ -1,9 +1,12 @@
-"""benchmarks/gpu/run_all.sh runs end to end in its CPU dry-run mode (so it doesn't rot)."""
+"""benchmarks/gpu/: run_all.sh runs end to end in its CPU dry-run mode (so it doesn't rot), and
+the report checks the targets and rewrites only its RESULTS.md section."""
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -11,9 +14,17 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture
+def report(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "gpu"))
+    import report
+
+    return report
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, run_all.sh runs for real")
-def test_dry_run_makes_the_table(tmp_path: Path) -> None:
+def test_dry_run_measures_every_shape_and_backend(tmp_path: Path, report: ModuleType) -> None:
     env = {**os.environ, "DRY_RUN": "1", "PY": sys.executable, "OUT": str(tmp_path)}
     run = subprocess.run(
         ["bash", "benchmarks/gpu/run_all.sh"],
@@ -25,10 +36,6 @@ def test_dry_run_makes_the_table(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "!! failed" not in run.stdout
-    text = (tmp_path / "gpu_results.md").read_text()
-    assert text.count("| mixtral (E8") == 2 and text.count("| fine-grained (E16") == 2
-    assert "faster than grouped_mm" in text
-    assert "| triton | synthetic:tiny |" in text and "| torch | synthetic:tiny |" in text
     assert {p.name for p in tmp_path.iterdir()} == {
         "bench.log",
         "roofline.json",
@@ -36,19 +43,66 @@ def test_dry_run_makes_the_table(tmp_path: Path) -> None:
         "engine.json",
         "gpu_results.md",
     }
+    roof, rows, runs = (json.loads((tmp_path / f).read_text()) for f in REPORT_FILES)
+    assert roof["machine"]["cores"] >= 1 and roof["copy_gbps"] > 0
+    assert [(r["name"], r["experts"], r["phase"]) for r in rows] == [
+        ("mixtral", 8, "decode"),
+        ("mixtral", 8, "prefill"),
+        ("fine-grained", 16, "decode"),
+        ("fine-grained", 16, "prefill"),
+    ]
+    assert all(r["ms"]["ours"] > 0 and r["rel_err"] < 0.05 for r in rows)
+    assert [(r["backend"], r["model"]) for r in runs] == [
+        ("triton", "synthetic:tiny"),
+        ("torch", "synthetic:tiny"),
+    ]
+    checks = report.main(_args(tmp_path))["targets"]
+    targets = ["prefill", "decode", "prefill", "decode", "fine_grained"]
+    assert [c["target"] for c in checks] == targets
 
 
-def test_report_rewrites_only_its_results_section(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+REPORT_FILES = ("roofline.json", "moe.json", "engine.json")
+
+
+def _args(folder: Path, *more: str) -> list[str]:
+    files = [folder / f for f in REPORT_FILES]
+    return ["--roofline", str(files[0]), "--moe", str(files[1]), "--engine", str(files[2]), *more]
+
+
+def _row(name: str, phase: str, ms: float, grouped_mm: float, flop: float, nbytes: float) -> dict:
+    """A moe.json row: 16 tokens of a small shape, with its times and work."""
+    shape = {"experts": 8, "top_k": 2, "hidden": 64, "inter": 128, "tokens": 16, "active": 8}
+    times = {"ours": ms, "grouped_mm": grouped_mm, "loop": 2 * ms}
+    work = {"flop": flop, "weight_bytes": nbytes, "rel_err": 0.0}
+    return {"name": name, "phase": phase, "ms": times, **shape, **work}
+
+
+def test_report_checks_the_targets_and_rewrites_only_its_section(
+    tmp_path: Path, report: ModuleType
 ) -> None:
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "gpu"))
-    import report
+    from machine import measure  # benchmarks/, on the path once report is imported
 
+    roof = {"device": "test", "copy_gbps": 1000.0, "matmul_tflops": 100.0, "machine": measure()}
+    rows = [  # 70 TFLOP/s of 100; 500 GB/s of 1000; 1.25x and 0.8x grouped_mm
+        _row("mixtral", "prefill", 1.0, 1.0, 7e10, 0),
+        _row("mixtral", "decode", 1.0, 1.0, 0, 5e8),
+        _row("fine-grained", "prefill", 1.0, 1.25, 7e10, 0),
+        _row("fine-grained", "decode", 1.0, 0.8, 0, 7e8),
+    ]
+    for name, data in zip(REPORT_FILES, (roof, rows, []), strict=True):
+        (tmp_path / name).write_text(json.dumps(data))
     results = tmp_path / "RESULTS.md"
     other = "<!-- moe_layer:begin -->\nkept\n<!-- moe_layer:end -->"
     results.write_text(f"# Benchmark results\n\n{other}\n")
-    report.write_results(results, "first table\n")
-    report.write_results(results, "second table\n")
+    for _ in range(2):
+        checks = report.main(_args(tmp_path, "--results", str(results)))["targets"]
+    assert [(c["subject"], c["met"]) for c in checks] == [
+        ("mixtral prefill 16 tokens", True),
+        ("mixtral decode 16 tokens", False),
+        ("fine-grained prefill 16 tokens", True),
+        ("fine-grained decode 16 tokens", True),
+        ("every fine-grained row", False),
+    ]
+    assert [c["value"] for c in checks] == pytest.approx([0.7, 0.5, 0.7, 0.7, 0.8])
     text = results.read_text()
-    assert other in text and "second table" in text and "first table" not in text
-    assert text.count(report.BEGIN) == 1
+    assert other in text and text.count(f"<!-- {report.SECTION}:begin -->") == 1

@@ -5,23 +5,22 @@ from pathlib import Path
 import moe_layer as bench  # benchmarks/ is on pytest's pythonpath
 import pytest
 import torch
+from results_md import markers
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU benchmark")
 
 
-def test_quick_run_writes_its_section(tmp_path: Path) -> None:
+def test_quick_run_times_every_implementation(tmp_path: Path) -> None:
     results = tmp_path / "RESULTS.md"
     other = "<!-- offline_throughput:begin -->\nkept\n<!-- offline_throughput:end -->"
     results.write_text(f"# Benchmark results\n\n{other}\n")
-    section = bench.main(["--quick", "--results", str(results)])
-    for name in (
-        "moescope MoEBlock (grouped_mm)",
-        "transformers MixtralSparseMoeBlock (eager)",
-        "per-token loop",
-    ):
-        assert f"| {name} |" in section
-    assert "| 1 tokens | 8 tokens |" in section
+    out = bench.main(["--quick", "--results", str(results)])
+    assert out["names"][0] == "moescope MoEBlock (grouped_mm)" and len(out["names"]) == 5
+    assert "transformers MixtralSparseMoeBlock (eager)" in out["names"]
+    assert list(out["ms"]) == [1, 8]
+    assert all(set(ms) == set(out["names"]) for ms in out["ms"].values())
+    assert all(t > 0 for ms in out["ms"].values() for t in ms.values())
     bench.main(["--quick", "--results", str(results)])
     text = results.read_text()
-    assert other in text and text.count(bench.BEGIN) == 1 and text.count(bench.END) == 1
+    assert other in text and all(text.count(m) == 1 for m in markers(bench.SECTION))

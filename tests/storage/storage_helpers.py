@@ -167,11 +167,12 @@ def run_requests(loop: EngineLoop, n: int, max_tokens: int, timeout: float = TIM
 
 
 def mark_step(loop: EngineLoop) -> int:
-    """Make the idle loop run one (empty) step and wait until it is published; its number.
+    """Make the idle loop run one (empty) step, by a knob change, and wait until it is
+    published; its number.
 
     Every earlier step has been published by then too, so a recorder flush covers them all.
     """
     before = loop.steps
-    loop.update_knobs({"max_num_seqs": loop.knobs.max_num_seqs}).result(TIMEOUT)
+    loop.update_knobs({"max_num_seqs": loop.knobs.max_num_seqs % 64 + 1}).result(TIMEOUT)
     wait_for(lambda: loop.steps > before, what="the marker step")
     return loop.steps - 1

@@ -3,16 +3,23 @@
 from pathlib import Path
 
 import recorder as bench  # benchmarks/ is on pytest's pythonpath
+from results_md import markers
 
 
-def test_quick_run_writes_its_section(tmp_path: Path) -> None:
+def test_quick_run_records_every_step(tmp_path: Path) -> None:
     results = tmp_path / "RESULTS.md"
     results.write_text("# Benchmark results\n\n<!-- other:begin -->\nkept\n<!-- other:end -->\n")
-    section = bench.main(["--quick", "--results", str(results), "--db-dir", str(tmp_path)])
-    assert "| 300 |" in section and "Ratio of mean step time on / off" in section
+    out = bench.main(["--quick", "--results", str(results), "--db-dir", str(tmp_path)])
+    tp, oh = out["throughput"], out["overhead"]
+    assert tp["steps"] == 300 and tp["dropped"] == 0 and tp["steps_per_s"] > 0
+    assert out["db_bytes_per_step"] > 0
+    assert oh["written"] == oh["groups"] * oh["block"] == 3 * 2  # every "on" step, once
+    assert set(oh["mean_ms"]) == set(bench.MODES) and min(oh["mean_ms"].values()) > 0
+    target = out["targets"]["overhead"]
+    assert target["value"] == oh["ratio"] and target["met"] == (oh["ratio"] <= 1.02)
     bench.main(["--quick", "--results", str(results), "--db-dir", str(tmp_path)])
     text = results.read_text()
-    assert text.count(bench.BEGIN) == 1 and text.count(bench.END) == 1 and "kept" in text
+    assert all(text.count(m) == 1 for m in markers(bench.SECTION)) and "kept" in text
     record = bench.synth_record(3, 1.0, running=64, layers=8, experts=64)
     assert len(record["batch"]["slots"]) == 64 and len(record["experts"]["counts"]) == 8
     assert all(len(row) == 64 for row in record["experts"]["counts"])

@@ -293,7 +293,8 @@ def test_status_and_telemetry_carry_the_recorder_counts(recorded: Recorded) -> N
     assert stats["recording"] and stats["ok"] and stats["dropped_steps"] == 0
     assert stats["written_steps"] == loop.steps and stats["pending_steps"] == 0
     with telemetry_ws(recorded.served, "?fields=queue,recorder") as (ws, _):
-        recorded.served.loop.update_knobs({"max_num_seqs": 6}).result(TIMEOUT)
+        seqs = loop.knobs.max_num_seqs % 64 + 1  # a change, so the idle loop steps
+        loop.update_knobs({"max_num_seqs": seqs}).result(TIMEOUT)
         msg = _recv(ws)
     assert set(msg) == {"step", "queue", "recorder"}
     assert msg["recorder"] == {"ok": True, "dropped": 0, "pending": msg["recorder"]["pending"]}

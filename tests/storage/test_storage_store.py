@@ -59,3 +59,15 @@ def test_readers_do_not_create_databases(tmp_path: Path) -> None:
     assert "no database" in str(info.value)
     with pytest.raises(StorageError, match="bad database URL"):
         Store("nonsense://")
+
+
+def test_a_database_from_before_the_scorecard_gets_its_table(tmp_path: Path) -> None:
+    path = tmp_path / "older.db"
+    Store(_url(path)).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("DROP TABLE whatif_scorecard")
+    Store(_url(path), create=False).close()  # readers open it as it is
+    Store(_url(path)).close()
+    with sqlite3.connect(path) as conn:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert "whatif_scorecard" in tables

@@ -1,0 +1,90 @@
+"""Running the what-if twin for the server: from a recorded session or from the live engine,
+one simulation at a time, off the engine thread and off the event loop."""
+
+import asyncio
+import time
+from typing import Any
+
+from api.control import engine_description
+from api.live_window import LiveWindow
+from engine.loop import EngineLoop
+from engine.queue_snapshot import QueueSnapshot
+from storage import Store
+from storage import queries as q
+from tuning.live import arrival_window, twin_from_live
+from tuning.whatif import twin_from_recording
+
+
+class Twins:
+    """What-ifs of one server: `recorded` reads a session from `store`, `live` starts from the
+    engine's queue (a snapshot taken on the engine thread) and its recent `window`."""
+
+    def __init__(self, engine_loop: EngineLoop, window: LiveWindow, store: Store | None) -> None:
+        self.engine_loop = engine_loop
+        self.window = window
+        self.store = store
+        self._lock = asyncio.Lock()  # simulations share the CPU with the engine: one at a time
+
+    async def recorded(
+        self, session_id: str, changes: dict[str, Any], horizon_s: float
+    ) -> dict[str, Any]:
+        """Twin.compare on a recorded session (SessionNotFound, InvalidInput as raised)."""
+        assert self.store is not None
+        async with self._lock:
+            return await asyncio.to_thread(_recorded, self.store, session_id, changes, horizon_s)
+
+    async def live(
+        self, changes: dict[str, Any], horizon_s: float, version: int | None = None
+    ) -> dict[str, Any]:
+        """Twin.compare from the live engine as it stands, with the approximations made; the
+        current side under the knobs in force at `version` (default: now). Raises InvalidInput
+        (`source`) with too few steps, EngineDead when the engine is gone."""
+        self.window.drain()
+        steps = list(self.window.steps)
+        since = steps[0]["knobs_version"] if steps else 0
+        since = since if version is None else min(since, version)
+        snapshot = await asyncio.wrap_future(self.engine_loop.snapshot(since))
+        recent = list(self.window.records)
+        window_s = arrival_window(snapshot.t - self.window.started_t)
+        config = engine_description(self.engine_loop)
+        async with self._lock:
+            return await asyncio.to_thread(
+                _live, config, steps, recent, snapshot, window_s, changes, horizon_s, version
+            )
+
+
+def _recorded(
+    store: Store, session_id: str, changes: dict[str, Any], horizon_s: float
+) -> dict[str, Any]:
+    recording = q.recording(store, session_id)
+    start = time.perf_counter()
+    twin = twin_from_recording(*recording)
+    result = twin.compare(changes, horizon_s)
+    return {"source": session_id, "horizon_s": horizon_s, **result, "wall_s": _since(start)}
+
+
+def _live(
+    config: dict[str, Any],
+    steps: list[dict[str, Any]],
+    recent: list[dict[str, Any]],
+    snapshot: QueueSnapshot,
+    window_s: float,
+    changes: dict[str, Any],
+    horizon_s: float,
+    version: int | None,
+) -> dict[str, Any]:
+    start = time.perf_counter()
+    twin, notes = twin_from_live(config, steps, recent, snapshot, window_s, horizon_s, version)
+    result = twin.compare(changes, horizon_s)
+    return {
+        "source": "live",
+        "horizon_s": horizon_s,
+        "t": snapshot.t,
+        **result,
+        "approximations": notes,
+        "wall_s": _since(start),
+    }
+
+
+def _since(start: float) -> float:
+    return round(time.perf_counter() - start, 4)

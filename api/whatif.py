@@ -1,0 +1,68 @@
+"""What-if endpoints: POST /api/whatif (a candidate knob set against the current one, in the
+twin) and GET /api/whatif/scorecard (applied knob changes, predicted and observed)."""
+
+import asyncio
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.control import check_knob_types, live_knob_schema
+from api.errors import APIError
+from api.scorecard import KEEP, Scorecard
+from api.sessions import require_store
+from api.twins import Twins
+from engine.errors import InvalidInput
+from engine.loop import EngineDead
+from storage import SessionNotFound
+from storage import scorecard as db
+
+router = APIRouter()
+
+MAX_HORIZON_S = 600.0
+
+
+class WhatIfBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    knobs: dict[str, Any]
+    source: Annotated[str, Field(min_length=1, max_length=40)]  # "live" or a session id
+    horizon_s: Annotated[float, Field(gt=0, le=MAX_HORIZON_S)] = 60.0
+
+
+@router.post("/api/whatif")
+async def whatif(request: Request, body: WhatIfBody) -> dict[str, Any]:
+    """Current and candidate knobs side by side in the twin, with the fit error and wall time."""
+    twins: Twins = request.app.state.twins
+    if not body.knobs:
+        raise APIError(422, 'no knobs given; send {"knobs": {"max_num_seqs": 8}, ...}', "knobs")
+    check_knob_types(body.knobs, live_knob_schema(request.app.state.engine_loop))
+    try:
+        if body.source == "live":
+            return await twins.live(body.knobs, body.horizon_s)
+        require_store(request)
+        return await twins.recorded(body.source, body.knobs, body.horizon_s)
+    except InvalidInput as exc:
+        raise APIError(422, str(exc), exc.param) from None
+    except SessionNotFound:
+        raise APIError(404, f"no session {body.source!r}", "source") from None
+    except EngineDead as exc:
+        raise APIError(503, str(exc)) from None
+
+
+@router.get("/api/whatif/scorecard")
+async def scorecard(
+    request: Request, limit: Annotated[int, Query(ge=1, le=1000)] = 50
+) -> dict[str, Any]:
+    """Applied knob changes, newest first: the twin's prediction, the observation, the errors."""
+    card: Scorecard = request.app.state.scorecard
+    base = {"session": card.session, "horizon_s": card.horizon_s}
+    if card.store is None:
+        return {
+            **base,
+            "stored": False,
+            "note": f"no session database: the newest {KEEP} entries since this server "
+            "started, kept in memory",
+            "entries": list(card.entries)[:limit],
+        }
+    entries = await asyncio.to_thread(db.entries, card.store, limit)
+    return {**base, "stored": True, "entries": entries}

@@ -1,0 +1,70 @@
+"""The live twin's trace and knobs: the queue as it stands, then the recent arrivals mirrored."""
+
+import pytest
+
+from engine.knobs import Knobs
+from engine.queue_snapshot import QueuedRequest
+from engine.telemetry import KnobChange
+from tuning.live import arrival_window, knobs_at, live_trace
+from tuning.trace import TraceItem
+
+NOW = 1000.0
+
+
+def record(arrival: float, prompt_len: int, output_len: int) -> dict[str, float]:
+    return {"arrival": arrival, "prompt_len": prompt_len, "output_len": output_len}
+
+
+def test_the_queue_enters_first_then_recent_arrivals_mirror_over_the_horizon() -> None:
+    queued = [
+        QueuedRequest("running", NOW - 3.0, 20, 5, 12),  # has output: re-prefills 25, 7 to go
+        QueuedRequest("waiting", NOW - 2.0, 30, 0, 8),  # no output yet: keeps its arrival
+    ]
+    recent = [
+        record(NOW - 15.0, 7, 3),  # older than the 10 s window: left out
+        record(NOW - 9.0, 9, 4),
+        record(NOW - 4.0, 11, 0),  # ended before its first token: nothing to repeat
+    ]
+    trace = live_trace(queued, recent, NOW, window_s=10.0, horizon_s=25.0)
+    assert trace[:2] == [TraceItem(0.0, 25, 7), TraceItem(-2.0, 30, 8)]
+    # what arrived 2 s, 3 s (the queued ones, to max_tokens) and 9 s ago arrives again that
+    # long from now, and 10 and 20 s later, up to the horizon
+    assert trace[2:] == [
+        TraceItem(2.0, 30, 8),
+        TraceItem(3.0, 20, 12),
+        TraceItem(9.0, 9, 4),
+        TraceItem(12.0, 30, 8),
+        TraceItem(13.0, 20, 12),
+        TraceItem(19.0, 9, 4),
+        TraceItem(22.0, 30, 8),
+        TraceItem(23.0, 20, 12),
+    ]
+
+
+def test_nothing_queued_and_nothing_recent_is_an_empty_trace() -> None:
+    assert live_trace([], [record(NOW - 100.0, 5, 5)], NOW, 60.0, 60.0) == []
+
+
+@pytest.mark.parametrize(("uptime", "window"), [(0.5, 10.0), (25.0, 25.0), (600.0, 60.0)])
+def test_the_arrival_window_is_the_last_minute_but_at_least_ten_seconds(
+    uptime: float, window: float
+) -> None:
+    assert arrival_window(uptime) == window
+
+
+def test_knobs_at_an_older_version_undo_the_newer_changes() -> None:
+    now = Knobs(max_num_seqs=4, policy="shortest_first", max_num_batched_tokens=512)
+    changes = [
+        KnobChange(version=2, t=1.0, origin="api", changes={"max_num_seqs": [8, 6]}),
+        KnobChange(
+            version=3,
+            t=2.0,
+            origin="api",
+            changes={"max_num_seqs": [6, 4], "policy": ["fcfs", "shortest_first"]},
+        ),
+        # a placement switch is versioned like a knob change but holds no knob
+        KnobChange(version=4, t=3.0, origin="auto", changes={"expert_placement": [1, 2]}),
+    ]
+    assert knobs_at(now, changes, 4) == now.model_dump()
+    assert knobs_at(now, changes, 2) == {**now.model_dump(), "max_num_seqs": 6, "policy": "fcfs"}
+    assert knobs_at(now, changes, 1)["max_num_seqs"] == 8

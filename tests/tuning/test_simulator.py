@@ -1,0 +1,128 @@
+"""The twin's simulator makes the engine's scheduling decisions when it is given the engine's
+own step durations."""
+
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+
+from engine import LLMEngine, SamplingParams
+from engine.config import CacheConfig
+from engine.ep.placement import Placement
+from engine.knobs import Knobs
+from tuning.experts import ExpertDraw
+from tuning.simulator import Setup, simulate
+from tuning.trace import TraceItem
+
+MODEL = "synthetic:tiny"
+# small enough that requests queue for slots, chunk their prompts and get preempted
+ENGINE = {"num_kv_blocks": 16, "block_size": 8, "enable_prefix_caching": False}
+KNOB_SETS = [
+    {"max_num_seqs": 3, "max_num_batched_tokens": 48, "prefill_chunk_size": 16},
+    {
+        "max_num_seqs": 4,
+        "max_num_batched_tokens": 64,
+        "prefill_chunk_size": 64,
+        "policy": "shortest_first",
+        "preemption_mode": "swap",
+    },
+    {
+        "max_num_seqs": 6,
+        "max_num_batched_tokens": 40,
+        "prefill_chunk_size": 24,
+        "policy": "priority",
+        "kv_watermark": 0.1,
+    },
+]
+
+
+class RecordedCost:
+    """Each simulated step costs what the engine's step at the same index took."""
+
+    def __init__(self, durations_ms: list[float]) -> None:
+        self.durations = durations_ms
+        self.index = 0
+
+    def step_ms(self, x: np.ndarray) -> float:
+        return self.durations[self.index]
+
+    def period_ms(self, x: np.ndarray) -> float:
+        self.index += 1
+        return self.durations[self.index - 1]
+
+    def outside(self, x: np.ndarray) -> list[str]:
+        return []
+
+
+def workload(seed: int) -> list[tuple[int, int, int]]:
+    """(arrival step, prompt length, output length) of 10 requests."""
+    rng = random.Random(seed)
+    arrivals = sorted(rng.randrange(0, 12) for _ in range(10))
+    return [(a, rng.randrange(3, 70), rng.randrange(2, 24)) for a in arrivals]
+
+
+def run_engine(
+    knobs: dict[str, Any], work: list[tuple[int, int, int]]
+) -> tuple[list[dict[str, Any]], list[TraceItem]]:
+    """Drive the engine on a clock that each step advances by its own measured duration;
+    a request arrives at the clock's value when the engine reaches its arrival step (at
+    once if the engine is idle). Returns the telemetry and the trace as arrived."""
+    engine = LLMEngine(model=MODEL, **ENGINE, **knobs)
+    rng = random.Random(1)
+    clock, steps, trace, pending = 0.0, [], [], list(work)
+    while pending or engine.has_unfinished():
+        while pending and (pending[0][0] <= len(steps) or not engine.has_unfinished()):
+            _, prompt_len, output_len = pending.pop(0)
+            params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+            engine.add_request(
+                [rng.randrange(256) for _ in range(prompt_len)], params, arrival=clock
+            )
+            trace.append(TraceItem(clock, prompt_len, output_len))
+        record = engine.step().telemetry.model_dump()
+        clock += record["dur_ms"]["total"] / 1000
+        steps.append(record)
+    return steps, trace
+
+
+def decisions(steps: list[dict[str, Any]], ids: dict[str, int]) -> list[Any]:
+    """Per step: each chunk as (request by arrival, phase, tokens, ctx), and the preemptions."""
+    return [
+        (
+            [(ids[s["req"]], s["phase"], s["tokens"], s["ctx"]) for s in step["batch"]["slots"]],
+            step["queue"]["preempted"],
+            step["queue"]["finished"],
+        )
+        for step in steps
+    ]
+
+
+@pytest.mark.parametrize("knobs", KNOB_SETS)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_simulator_schedules_as_the_engine_did(knobs: dict[str, Any], seed: int) -> None:
+    steps, trace = run_engine(knobs, workload(seed))
+    engine_ids = {}
+    for step in steps:
+        for slot in step["batch"]["slots"]:
+            engine_ids.setdefault(slot["req"], int(slot["req"].split("-")[1]))
+    order = {rid: i for i, rid in enumerate(sorted(engine_ids, key=engine_ids.get))}
+
+    cfg = LLMEngine(model=MODEL, **ENGINE).model_config
+    setup = Setup(
+        CacheConfig(block_size=8, num_blocks=16, enable_prefix_caching=False),
+        "continuous",
+        Placement.contiguous(cfg.num_layers, cfg.num_experts, 1),
+        cfg.hidden_size * 4,
+        cfg.max_model_len,
+    )
+    durations = [s["dur_ms"]["total"] for s in steps]
+    full = Knobs.model_validate({**Knobs().model_dump(), **knobs})
+    sim = simulate(trace, full, setup, RecordedCost(durations), ExpertDraw(steps), keep_steps=True)
+    sim_steps = [s.model_dump() for s in sim.steps]
+    sim_ids = {f"sim-{i}": i for i in range(len(trace))}
+
+    assert decisions(sim_steps, sim_ids) == decisions(steps, order)
+    assert sim.unfinished == 0 and len(sim.records) == len(trace)
+    assert sim.peak_kv_blocks == max(s["kv"]["used"] for s in steps)
+    assert sim.preemptions == sum(s["queue"]["preempted"] for s in steps)
+    assert sim.end_s == pytest.approx(sum(durations) / 1000)

@@ -1,0 +1,130 @@
+"""The step-cost model: a step's duration from its composition, fitted from telemetry.
+
+Three non-negative linear models: the MoE layers' time (`dur_ms.moe`) over the expert
+features, the rest of the engine's step (`dur_ms.total` less MoE) over the batch features,
+and the loop's overhead around the step (delivering outputs, publishing records) over the
+batch features, measured as the time from the previous step's end to this one's end, less
+the step's own time, for steps that followed a busy step (so no idle wait is counted).
+Timing MoE apart keeps expert load and batch size from standing in for each other (they
+move together until a capacity factor drops pairs). Step time plus overhead is how far a
+step moves the clock. Non-negative weights keep the model monotone, so it extrapolates
+sanely to larger batches than it saw, and `outside` says when a step lies far beyond them.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine.errors import InvalidInput
+from engine.knobs import Knobs
+from tuning.features import BATCH, FEATURES, MOE, recorded_features
+
+MIN_STEPS = 40  # busy steps needed to fit
+HOLDOUT_EVERY = 5  # every 5th step is held out to measure the fit error
+REACH = 2.0  # how far past the largest value seen a step may lie and still be predicted
+SHAPE = ("prefill_tokens", "prefill_attn_k", "decode_seqs", "decode_ctx_k", "expert_pairs_k")
+
+
+@dataclass(frozen=True)
+class CostModel:
+    step_w: np.ndarray  # ms per unit of each feature: the engine's step time (dense + MoE)
+    overhead_w: np.ndarray  # ms per unit: the loop's time between steps
+    seen_max: np.ndarray  # the largest value of each feature in the fit
+    mape: float  # of the step period on held-out steps
+    num_steps: int
+
+    def step_ms(self, x: np.ndarray) -> float:
+        return float(self.step_w @ x)
+
+    def period_ms(self, x: np.ndarray) -> float:
+        """How far a step moves the clock: its own time plus the loop's around it."""
+        return float((self.step_w + self.overhead_w) @ x)
+
+    def outside(self, x: np.ndarray) -> list[str]:
+        """The shape features of `x` far beyond anything fitted ("not enough steps like this")."""
+        idx = [FEATURES.index(name) for name in SHAPE]
+        return [FEATURES[i] for i in idx if x[i] > REACH * max(self.seen_max[i], 1.0)]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "steps": self.num_steps,
+            "mape": round(self.mape, 4),
+            "step_ms_per_unit": dict(zip(FEATURES, self.step_w.round(5).tolist(), strict=True)),
+            "overhead_ms_per_unit": dict(
+                zip(FEATURES, self.overhead_w.round(5).tolist(), strict=True)
+            ),
+        }
+
+
+def knobs_by_step(initial: dict[str, Any], steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The knobs in force at each recorded step: the session's first knobs with every knob
+    change applied from the step that reported it."""
+    knobs, out = dict(initial), []
+    for step in steps:
+        for change in step.get("knob_changes") or ():
+            knobs.update(
+                {k: new for k, (_, new) in change["changes"].items() if k in Knobs.model_fields}
+            )
+        out.append(dict(knobs))
+    return out
+
+
+def training_rows(
+    steps: list[dict[str, Any]], knobs: list[dict[str, Any]]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Features, step times, their MoE part and loop overheads (ms) of the steps that ran
+    work right after a busy step."""
+    xs, step_ms, moe_ms, overhead_ms = [], [], [], []
+    for prev, step, k in zip(steps, steps[1:], knobs[1:], strict=False):
+        busy_before = sum(prev["queue"][q] for q in ("waiting", "running", "swapped")) > 0
+        if not step["batch"]["slots"] or not busy_before or step["step"] != prev["step"] + 1:
+            continue
+        total = step["dur_ms"]["total"]
+        xs.append(recorded_features(step, k.get("expert_capacity_factor")))
+        step_ms.append(total)
+        moe_ms.append(min(step["dur_ms"]["moe"], total))
+        overhead_ms.append(max(0.0, (step["t"] - prev["t"]) * 1000 - total))
+    x = np.array(xs).reshape(-1, len(FEATURES))
+    return x, np.array(step_ms), np.array(moe_ms), np.array(overhead_ms)
+
+
+def fit(steps: list[dict[str, Any]], initial_knobs: dict[str, Any]) -> CostModel:
+    """Fit from recorded StepTelemetry dicts (in step order) and the session's first knobs.
+
+    Raises InvalidInput (`source`) when fewer than MIN_STEPS busy steps are there."""
+    x, step_ms, moe_ms, overhead_ms = training_rows(steps, knobs_by_step(initial_knobs, steps))
+    if len(x) < MIN_STEPS:
+        raise InvalidInput(
+            f"a cost model needs at least {MIN_STEPS} busy steps that follow another; "
+            f"the source has {len(x)}",
+            "source",
+        )
+    held = np.arange(len(x)) % HOLDOUT_EVERY == HOLDOUT_EVERY - 1
+    train = ~held
+    w_step = _step_weights(x[train], step_ms[train], moe_ms[train])
+    w_over = _fit(x[train], overhead_ms[train], BATCH)
+    period = step_ms[held] + overhead_ms[held]
+    predicted = x[held] @ (w_step + w_over)
+    mape = float(np.mean(np.abs(predicted - period) / np.maximum(period, 1e-3)))
+    return CostModel(
+        _step_weights(x, step_ms, moe_ms), _fit(x, overhead_ms, BATCH), x.max(axis=0), mape, len(x)
+    )
+
+
+def _step_weights(x: np.ndarray, step_ms: np.ndarray, moe_ms: np.ndarray) -> np.ndarray:
+    """The MoE time over the expert features plus the rest over the batch features."""
+    return _fit(x, moe_ms, MOE) + _fit(x, step_ms - moe_ms, BATCH)
+
+
+def _fit(x: np.ndarray, y: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
+    """Non-negative weights over the `names` columns of `x` (zero elsewhere)."""
+    # imported here: scikit-learn takes a second or more to import, which every `moescope`
+    # command (they all import the server, which imports the twin) would otherwise pay
+    from sklearn.linear_model import LinearRegression
+
+    cols = [FEATURES.index(n) for n in names]
+    model = LinearRegression(positive=True, fit_intercept=False).fit(x[:, cols], y)
+    w = np.zeros(len(FEATURES))
+    w[cols] = model.coef_
+    return w

@@ -1,0 +1,122 @@
+"""The live twin: the cost model fitted from the engine's recent steps, and a trace that starts
+from the queue as it stands and repeats the recent arrivals over the horizon."""
+
+import math
+from typing import Any
+
+from engine.errors import InvalidInput
+from engine.knobs import Knobs, validate_knobs
+from engine.queue_snapshot import QueuedRequest, QueueSnapshot
+from engine.telemetry import KnobChange
+from tuning.cost_model import fit
+from tuning.experts import ExpertDraw
+from tuning.trace import TraceItem
+from tuning.whatif import Twin, engine_setup
+
+ARRIVAL_WINDOW_S = 60.0  # the recent arrivals that the horizon repeats
+MIN_WINDOW_S = 10.0  # a younger server still repeats this much, so a first burst is not a rate
+
+
+def arrival_window(uptime_s: float) -> float:
+    """Seconds of recent arrivals to repeat: the last ARRIVAL_WINDOW_S, or all a younger server
+    has seen, but not less than MIN_WINDOW_S."""
+    return min(ARRIVAL_WINDOW_S, max(MIN_WINDOW_S, uptime_s))
+
+
+def knobs_at(knobs: Knobs, changes: list[KnobChange], version: int) -> dict[str, Any]:
+    """The knobs in force at `version`: `knobs` (in force after every change in `changes`)
+    with the changes newer than `version` undone, newest first."""
+    out = knobs.model_dump()
+    for change in sorted(changes, key=lambda c: c.version, reverse=True):
+        if change.version > version:
+            out.update({k: old for k, (old, _) in change.changes.items() if k in out})
+    return out
+
+
+def live_trace(
+    queued: list[QueuedRequest],
+    recent: list[dict[str, Any]],
+    now: float,
+    window_s: float,
+    horizon_s: float,
+) -> list[TraceItem]:
+    """The trace from `now` on: the queued requests first, in the engine's order, all due at
+    once; then the arrivals of the last `window_s` seconds (ended RequestRecord dicts in
+    `recent`, and the queued requests) mirrored into the future, in time order: one that
+    arrived x seconds ago arrives again x seconds from now, and every `window_s` after that,
+    up to `horizon_s`.
+
+    A queued request with output so far enters at 0 with its prompt and output as its
+    prompt (it re-prefills) and the rest of its max_tokens to go; one without output keeps
+    its arrival (before 0), so its TTFT counts the wait so far."""
+    items = [
+        TraceItem(q.arrival - now, q.prompt_len, q.max_tokens)
+        if not q.generated
+        else TraceItem(0.0, q.prompt_len + q.generated, q.max_tokens - q.generated)
+        for q in queued
+    ]
+    pattern = [(r["arrival"], r["prompt_len"], r["output_len"]) for r in recent]
+    pattern += [(q.arrival, q.prompt_len, q.max_tokens) for q in queued]
+    pattern = [(now - a, p, n) for a, p, n in pattern if now - a <= window_s and n > 0]
+    repeats = math.ceil(horizon_s / window_s) if window_s > 0 else 0
+    future = [
+        TraceItem(offset, p, n)
+        for k in range(repeats)
+        for ago, p, n in pattern
+        if 0 <= (offset := ago + k * window_s) <= horizon_s
+    ]
+    return items + sorted(future, key=lambda item: item.offset_s)
+
+
+def twin_from_live(
+    config: dict[str, Any],
+    steps: list[dict[str, Any]],
+    recent: list[dict[str, Any]],
+    snapshot: QueueSnapshot,
+    window_s: float,
+    horizon_s: float,
+    version: int | None = None,
+) -> tuple[Twin, list[str]]:
+    """The live engine's twin and the approximations it makes, as sentences.
+
+    `config` describes the engine (as /api/status); `steps` are its recent StepTelemetry dicts
+    in step order and `recent` its recently ended RequestRecord dicts; `snapshot` holds the
+    queue and every knob change applied since the first of `steps` (and since `version`).
+    The twin's knobs are those in force at `version` (default: at the snapshot).
+    Raises InvalidInput (`source`) when the steps are too few to fit."""
+    setup, context = engine_setup(config)
+    if not steps:
+        raise InvalidInput("the live engine has run no steps yet: nothing to fit", "source")
+    try:
+        model = fit(
+            steps, knobs_at(snapshot.knobs, snapshot.knob_changes, steps[0]["knobs_version"])
+        )
+    except InvalidInput as exc:
+        raise InvalidInput(f"the live engine has seen too few steps: {exc}", "source") from None
+    trace = live_trace(snapshot.requests, recent, snapshot.t, window_s, horizon_s)
+    block = setup.cache.block_size
+    context["min_blocks"] = max(
+        (
+            math.ceil(min(q.prompt_len + q.max_tokens, setup.max_model_len) / block)
+            for q in snapshot.requests
+        ),
+        default=1,
+    )
+    at = snapshot.knobs_version if version is None else version
+    knobs = validate_knobs(knobs_at(snapshot.knobs, snapshot.knob_changes, at), context)
+    twin = Twin(setup, knobs, trace, model, ExpertDraw(steps), context)
+    return twin, _notes(snapshot, len(trace), window_s, horizon_s)
+
+
+def _notes(snapshot: QueueSnapshot, size: int, window_s: float, horizon_s: float) -> list[str]:
+    queued = len(snapshot.requests)
+    return [
+        f"the {queued} requests in the engine now enter the simulation at once: those with "
+        "output so far re-prefill their prompt and output (no KV cache is carried over, "
+        "swapped ones included) and their TTFT and TPOT count from now; those without "
+        "output keep their arrival, so their TTFT counts the wait so far",
+        f"new arrivals mirror the last {window_s:.1f} s: a request that arrived x s ago arrives "
+        f"again x s from now and every {window_s:.1f} s after ({size - queued} within the "
+        f"{horizon_s:g} s horizon, lengths as recorded; requests still in the engine are "
+        "taken to run to max_tokens)",
+    ]

@@ -1,0 +1,21 @@
+"""A recorded session's request trace: when each request arrived and how long it was."""
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TraceItem:
+    offset_s: float  # arrival, from the first arrival
+    prompt_len: int
+    output_len: int
+
+
+def trace_of(records: list[dict[str, Any]]) -> list[TraceItem]:
+    """Arrival offsets and lengths of request records (RequestRecord dicts), in arrival order.
+
+    Requests that ended before their first token (aborted while queued, failed) are left out:
+    nothing says how long they would have run."""
+    served = sorted((r for r in records if r["output_len"] > 0), key=lambda r: r["arrival"])
+    t0 = served[0]["arrival"] if served else 0.0
+    return [TraceItem(r["arrival"] - t0, r["prompt_len"], r["output_len"]) for r in served]
