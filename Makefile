@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo lint bench
+.PHONY: setup test test-fast demo lint bench
 
 setup: $(STAMP)
 
@@ -18,6 +18,9 @@ test: setup
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 	$(PY) -m pytest -q -ra --durations=15
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow"
 
 demo: setup
 	$(VENV)/bin/moescope demo

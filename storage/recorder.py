@@ -173,10 +173,13 @@ class Recorder:
             self._retry_at = 0.0
             self._wake.set()
             time.sleep(0.01)
+            # In this order: a record no longer in a bus buffer was taken by a cycle that
+            # was busy from before it took it; once no cycle runs, the record is written
+            # or still in the queues.
             if (
-                not self._busy
+                not any(s.buffer for s in self._subs or ())
+                and not self._busy
                 and not self._has_work()
-                and not any(s.buffer for s in self._subs or ())
             ):
                 return True
         return False

@@ -11,6 +11,7 @@ from offline_runners import QUICK_SHAPE, make_workload
 from results_md import markers
 
 
+@pytest.mark.slow
 def test_quick_run_returns_every_run_and_target(tmp_path: Path) -> None:
     results = tmp_path / "RESULTS.md"
     results.write_text("# Benchmark results\n\nkept\n")

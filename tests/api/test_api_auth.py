@@ -6,7 +6,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from api_servers import MODEL, Served, serve, stop, ws_connect
+from api_servers import MODEL, TIMEOUT, Served, serve, stop, telemetry_ws, ws_connect
 from websockets.exceptions import InvalidStatus
 
 from api.cli import build_parser
@@ -74,12 +74,11 @@ def test_websocket_needs_the_key_as_header_or_query(guarded: Served) -> None:
         with pytest.raises(InvalidStatus) as info:
             ws_connect(url, additional_headers=headers)
         assert info.value.response.status_code == 403
-    for seqs, (url, headers) in enumerate(
-        ((guarded.ws_url + f"?token={KEY}&every=1", None), (guarded.ws_url, _auth(KEY))), 5
-    ):
-        with ws_connect(url, additional_headers=headers) as ws:
-            guarded.loop.update_knobs({"max_num_seqs": seqs}).result(5)  # a change makes a step
-            assert "step" in json.loads(ws.recv(timeout=10))
+    for seqs, (query, headers) in enumerate(((f"?token={KEY}&every=1", None), ("", _auth(KEY))), 5):
+        with telemetry_ws(guarded, query, additional_headers=headers) as (ws, _):
+            # a change makes a step
+            guarded.loop.update_knobs({"max_num_seqs": seqs}).result(TIMEOUT)
+            assert "step" in json.loads(ws.recv(timeout=TIMEOUT))
 
 
 def test_default_bind_is_loopback() -> None:

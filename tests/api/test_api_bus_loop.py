@@ -4,7 +4,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from api_servers import MODEL, wait_for
+from api_servers import MODEL, TIMEOUT, wait_for
 
 from engine import LLMEngine, SamplingParams
 from engine.bus import TelemetryBus
@@ -62,7 +62,7 @@ def _run(
 
     params = {"temperature": 0.0, "ignore_eos": True, "stop": stop, **params}
     loop.submit(prompt, SamplingParams.model_validate(params), on_output)
-    assert done.wait(10)
+    assert done.wait(TIMEOUT)
     return outs
 
 
@@ -108,9 +108,9 @@ def test_refused_requests_and_a_stopped_loop(loop: EngineLoop) -> None:
         loop.submit([999], SamplingParams(), lambda _: None)
     assert refused.value.param == "prompt"
     with pytest.raises(InvalidInput, match="origin") as refused:
-        loop.update_knobs({"origin": "x"}).result(5)
+        loop.update_knobs({"origin": "x"}).result(TIMEOUT)
     assert refused.value.param == "origin"
-    assert loop.update_knobs({"max_num_seqs": 2}).result(5) == 2
+    assert loop.update_knobs({"max_num_seqs": 2}).result(TIMEOUT) == 2
     assert loop.knobs.max_num_seqs == 2
     loop.stop()
     with pytest.raises(EngineDead):

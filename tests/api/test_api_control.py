@@ -1,11 +1,16 @@
 """/api/status, GET/PATCH /api/knobs (reflected in telemetry) and the knob history."""
 
 import json
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 import pytest
-from api_servers import KV_BLOCKS, MODEL, Served, traffic, wait_idle, ws_connect
+from api_servers import KV_BLOCKS, MODEL, TIMEOUT, Served, telemetry_ws, traffic, wait_idle
+
+from engine.outputs import RequestOutput
 
 
 @pytest.fixture
@@ -45,25 +50,52 @@ def test_get_knobs_gives_values_version_and_ranges(http: httpx.Client) -> None:
     assert schema["kv_watermark"]["allowed"] == "[0.0, 0.5]"
 
 
-def test_patch_is_versioned_and_reflected_in_telemetry(http: httpx.Client, served: Served) -> None:
-    with ws_connect(served.ws_url + "?fields=knobs_version,batch,knob_changes") as ws:
-        traffic(served.loop, 8, 60)
-        resp = http.patch(
-            "/api/knobs?origin=test-suite", json={"max_num_seqs": 3, "policy": "shortest_first"}
-        )
+def test_patch_is_versioned_and_reflected_in_telemetry(
+    http: httpx.Client, served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    queued, resume = threading.Event(), threading.Event()
+    real = served.loop.update_knobs
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        future = real(*args, **kwargs)
+        queued.set()
+        return future
+
+    monkeypatch.setattr(served.loop, "update_knobs", spy)
+
+    def hold(_: RequestOutput) -> None:
+        """The engine waits in its first step (so the traffic is far from done) until the
+        change is queued; it applies the change before its next step."""
+        resume.wait(TIMEOUT)
+
+    with (
+        telemetry_ws(served, "?fields=knobs_version,batch,knob_changes") as (ws, _),
+        ThreadPoolExecutor(1) as pool,
+    ):
+        traffic(served.loop, 8, 60, on_output=hold)
+        try:
+            patched = pool.submit(
+                http.patch,
+                "/api/knobs?origin=test-suite",
+                json={"max_num_seqs": 3, "policy": "shortest_first"},
+            )
+            assert queued.wait(TIMEOUT)
+        finally:
+            resume.set()
+        resp = patched.result()
         assert resp.status_code == 200, resp.text
         body = resp.json()
         version = body["version"]
         assert body["knobs"]["max_num_seqs"] == 3 and body["knobs"]["policy"] == "shortest_first"
         while True:
-            msg = json.loads(ws.recv(timeout=10))
+            msg = json.loads(ws.recv(timeout=TIMEOUT))
             if msg["knobs_version"] >= version:
                 break
             assert msg["batch"]["max_slots"] == 8
         assert msg["knobs_version"] == version
         assert msg["batch"]["max_slots"] == 3 and len(msg["batch"]["slots"]) <= 3
         assert msg["knob_changes"][-1]["changes"]["max_num_seqs"] == [8, 3]
-        nxt = json.loads(ws.recv(timeout=10))
+        nxt = json.loads(ws.recv(timeout=TIMEOUT))
         assert nxt["batch"]["max_slots"] == 3 and len(nxt["batch"]["slots"]) <= 3
         wait_idle(served.loop)
     history = http.get("/api/knobs/history").json()["changes"]

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from api_servers import MODEL, Served, serve, stop, wait_for, ws_connect
+from api_servers import MODEL, TIMEOUT, Served, serve, stop, telemetry_ws, wait_for, wait_idle
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.settings import ServerSettings
@@ -59,7 +59,8 @@ def test_two_ranks_serve_rebalance_and_report_a_dead_rank(ranks2: Served) -> Non
     assert before["mode"] == "measured" and before["version"] == 1
     for prompt in ("a mixture", "of experts", "on two ranks"):
         client.completions.create(model=MODEL, prompt=prompt, max_tokens=8)
-    with ws_connect(ranks2.ws_url) as ws:
+    wait_idle(ranks2.loop)  # the next step is the one after the rebalance
+    with telemetry_ws(ranks2) as (ws, _):
         resp = httpx.post(
             ranks2.url + "/api/experts/rebalance", json={"window": 256, "replicas": 2}, timeout=30
         )
@@ -67,7 +68,7 @@ def test_two_ranks_serve_rebalance_and_report_a_dead_rank(ranks2: Served) -> Non
         summary = resp.json()
         assert summary["imbalance_after"] < summary["imbalance_before"]
         assert summary["placement_version"] == 2 and summary["moved_bytes"] > 0
-        step = json.loads(ws.recv(timeout=10))
+        step = json.loads(ws.recv(timeout=TIMEOUT))
         assert step["knob_changes"][-1]["changes"]["expert_placement"] == [1, 2]
         assert step["a2a"]["mode"] == "measured" and step["a2a"]["placement_version"] == 2
     after = httpx.get(ranks2.url + "/api/experts").json()
@@ -87,7 +88,7 @@ def test_two_ranks_serve_rebalance_and_report_a_dead_rank(ranks2: Served) -> Non
     assert min(moved.values()) > 0
 
     ranks2.loop.engine.ranks.procs[0].kill()
-    wait_for(lambda: not ranks2.loop.alive, 20, "the loop to notice the dead rank")
+    wait_for(lambda: not ranks2.loop.alive, what="the loop to notice the dead rank")
     with pytest.raises(openai.APIStatusError) as info:
         client.completions.create(model=MODEL, prompt="experts", max_tokens=4)
     assert info.value.status_code == 503 and "rank 1" in info.value.message

@@ -7,6 +7,7 @@ import threading
 from typing import Any
 
 import pytest
+from api_servers import TIMEOUT
 
 import api.telemetry_fanout as fanout_module
 from api.telemetry_fanout import TelemetryFanout, lost_steps, with_dropped
@@ -29,9 +30,9 @@ def _publish_from_a_thread(bus: TelemetryBus, steps: range) -> str:
 
 async def _take(client: Any, n: int | None = None) -> list[str]:
     """What the client's queue gives, until there are `n` messages when given."""
-    out = await asyncio.wait_for(client.take(), 5)
+    out = await asyncio.wait_for(client.take(), TIMEOUT)
     while n is not None and len(out) < n:
-        out += await asyncio.wait_for(client.take(), 5)
+        out += await asyncio.wait_for(client.take(), TIMEOUT)
     return out
 
 

@@ -26,6 +26,8 @@ from tuning.outcome import METRICS, outcome, step_totals
 from tuning.tune import evaluate
 from tuning.whatif import twin_from_recording
 
+pytestmark = pytest.mark.slow  # servers record real sessions for the twin first
+
 HORIZON_S = 1.0  # the scorecard's: short, so observations come within the test
 RECORDED = 32  # requests of the recorded load
 

@@ -21,6 +21,7 @@ from api.loadgen import parse_dist, poisson_arrivals
 from engine import LLM
 
 MOESCOPE = [sys.executable, "-m", "api.cli"]
+TIMEOUT = 60.0  # for a wait on a condition: generous, since only a hang should ever reach it
 ENGINE_TESTS = Path(__file__).parents[1] / "engine"
 NO_CUDA = (
     []
@@ -82,6 +83,7 @@ def test_good_values_still_parse() -> None:
     assert (args.rate, args.duration) == (0.5, 0.0)
 
 
+@pytest.mark.slow
 def test_nan_rate_exits_at_once_from_the_real_command() -> None:
     done = subprocess.run(
         [*MOESCOPE, "load", "--url", "http://127.0.0.1:9", "--rate", "nan", "--duration", "2"],
@@ -93,33 +95,37 @@ def test_nan_rate_exits_at_once_from_the_real_command() -> None:
     assert done.stderr.splitlines()[-1].endswith("must be a finite number > 0, got 'nan'")
 
 
+@pytest.mark.slow
 def test_sigint_stops_a_command_that_inherited_it_ignored() -> None:
     """As a background job of a non-interactive shell (or the demo's child) would."""
-    load = subprocess.Popen(
-        [
-            *MOESCOPE,
-            "load",
-            "--url",
-            "http://127.0.0.1:9",
-            "--model",
-            "m",
-            "--rate",
-            "2",
-            "--duration",
-            "0",
-            "--no-progress",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
-    )
-    try:
-        time.sleep(3)
-        assert load.poll() is None  # still sending (every request fails: nothing listens)
-        load.send_signal(signal.SIGINT)
-        out, _ = load.communicate(timeout=30)
-    finally:
-        load.kill()
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, never answers
+        silent.settimeout(TIMEOUT)
+        load = subprocess.Popen(
+            [
+                *MOESCOPE,
+                "load",
+                "--url",
+                f"http://127.0.0.1:{silent.getsockname()[1]}",
+                "--model",
+                "m",
+                "--rate",
+                "2",
+                "--duration",
+                "0",
+                "--no-progress",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        )
+        try:
+            conn, _ = silent.accept()  # the first request: it is sending
+            conn.close()
+            assert load.poll() is None
+            load.send_signal(signal.SIGINT)
+            out, _ = load.communicate(timeout=TIMEOUT)
+        finally:
+            load.kill()
     assert re.search(r"^requests +\d+ sent", out, re.M)
 
 
@@ -259,6 +265,7 @@ def _mentioning(port: int) -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("busy_flag", ["--port", "--dashboard-port"])
 def test_demo_refuses_a_busy_port(busy_flag: str, tmp_path: Path) -> None:
     with socket.create_server(("127.0.0.1", 0)) as other:
@@ -279,6 +286,7 @@ def test_demo_refuses_a_busy_port(busy_flag: str, tmp_path: Path) -> None:
         assert not _mentioning(free) and not _mentioning(busy)
 
 
+@pytest.mark.slow
 def test_demo_refuses_one_port_for_both(tmp_path: Path) -> None:
     port = str(_free_port())
     done = subprocess.run(

@@ -3,7 +3,10 @@
 from pathlib import Path
 
 import dashboard_bench as bench  # benchmarks/ is on pytest's pythonpath
+import pytest
 from results_md import markers
+
+pytestmark = pytest.mark.slow
 
 
 def test_dashboard_benchmark_quick(tmp_path: Path) -> None:

@@ -2,7 +2,6 @@
 
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,9 @@ from engine.ep.ranks import free_port
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 VIEWPORT = {"width": 1600, "height": 3600}  # tall enough that a screenshot shows every panel
+MAIN_CHARTS = '[data-testid="stMain"] .js-plotly-plot'  # the panels (not the sidebar's)
+SIDEBAR_CHARTS = '[data-testid="stSidebar"] .js-plotly-plot'
+WAIT_MS = 60_000  # for the page to show something: generous, since only a hang should reach it
 
 pytestmark = [
     pytest.mark.slow,
@@ -40,7 +42,7 @@ def dashboard_url(served: Served, tmp_path: Path) -> Iterator[str]:
     proc = subprocess.Popen(command(served.url, port), stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: _up(url), 30, "streamlit to start")
+        wait_for(lambda: _up(url), what="streamlit to start")
         yield url
     finally:
         proc.terminate()
@@ -49,7 +51,9 @@ def dashboard_url(served: Served, tmp_path: Path) -> Iterator[str]:
 
 
 class Load:
-    """Requests keep arriving until `stop`, which then waits for the engine to go idle."""
+    """Requests keep arriving until `stop`, which then waits for the engine to go idle: four at
+    a time, the next four once those have finished (however slow the engine is, nothing piles
+    up for `stop` to wait on)."""
 
     def __init__(self, served: Served) -> None:
         self.served = served
@@ -60,7 +64,7 @@ class Load:
     def _run(self) -> None:
         while not self._stop.is_set():
             traffic(self.served.loop, 4, 64)
-            self._stop.wait(0.5)
+            wait_idle(self.served.loop)
 
     def stop(self) -> None:
         self._stop.set()
@@ -89,7 +93,7 @@ def _screenshot(page: Page, path: Path) -> None:
     still be drawing some when the next refresh comes: up to a few tries for one where all
     were drawn before and after the shot."""
     for _ in range(5):
-        page.wait_for_function(DRAWN, arg=len(PANELS), timeout=10_000)
+        page.wait_for_function(DRAWN, arg=len(PANELS), timeout=WAIT_MS)
         page.screenshot(path=path, full_page=True)
         if page.evaluate(DRAWN, len(PANELS)):
             return
@@ -112,54 +116,54 @@ def test_live_page_in_a_browser(
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         page = browser.new_page(viewport=VIEWPORT)
         page.goto(dashboard_url)
-        expect(page.locator(".js-plotly-plot")).to_have_count(len(PANELS), timeout=30_000)
-        expect(page.get_by_text("connected", exact=True)).to_be_visible()
+        expect(page.locator(MAIN_CHARTS)).to_have_count(len(PANELS), timeout=WAIT_MS)
+        expect(page.locator(SIDEBAR_CHARTS)).to_have_count(1, timeout=WAIT_MS)  # placement
+        expect(page.get_by_text("connected", exact=True)).to_be_visible(timeout=WAIT_MS)
         for title in (
             "KV blocks per running request",
             "All-to-all volume per step (modeled)",
             "Expert-parallel rank load (placement v",
         ):
-            expect(page.get_by_text(title).first).to_be_visible()
+            expect(page.get_by_text(title).first).to_be_visible(timeout=WAIT_MS)
         first = _step(page)
-        deadline = time.monotonic() + 15
-        while _step(page) <= first and time.monotonic() < deadline:
-            page.wait_for_timeout(250)
-        assert _step(page) > first
+        wait_for(lambda: _step(page) > first, what="the page to show a later step")
         _screenshot(page, tmp_path / "live.png")
+        # From here on a page that holds still: a knob change's marker stays in the charts
+        # until the steps shown move past it (how soon depends on the engine's speed).
+        load.stop()
 
         old = get_knobs(served.url)["knobs"]["max_num_seqs"]
         new = 5 if old != 5 else 7
         page.get_by_role("spinbutton", name="max_num_seqs").fill(str(new))
         page.get_by_role("button", name="Apply").click()
-        expect(page.get_by_text("accepted as version")).to_be_visible(timeout=10_000)
+        expect(page.get_by_text("accepted as version")).to_be_visible(timeout=WAIT_MS)
         assert get_knobs(served.url)["knobs"]["max_num_seqs"] == new
-        expect(page.get_by_text(f"max_num_seqs {old}→{new}").first).to_be_visible(timeout=10_000)
+        expect(page.get_by_text(f"max_num_seqs {old}→{new}").first).to_be_visible(timeout=WAIT_MS)
         expect(page.get_by_text("accepted as version")).to_be_visible()  # not overwritten
         expect(page.get_by_text("nothing changed")).to_have_count(0)
 
         page.get_by_role("spinbutton", name="max_num_batched_tokens").fill("3")
         page.get_by_role("button", name="Apply").click()
         expect(page.get_by_text(f"must be at least max_num_seqs ({new})")).to_be_visible(
-            timeout=10_000
+            timeout=WAIT_MS
         )
         assert get_knobs(served.url)["knobs"]["max_num_batched_tokens"] != 3
         _screenshot(page, tmp_path / "knobs.png")
 
-        load.stop()  # a few steps either side of the rebalance, then a page that holds still
-        traffic(served.loop, 4, 24)
+        traffic(served.loop, 4, 24)  # a few steps either side of the rebalance
         wait_idle(served.loop)
         version = httpx.get(served.url + "/api/experts").json()["version"]
         page.get_by_role("button", name="Rebalance experts").click()
         expect(page.get_by_text(f"placement v{version + 1}: predicted imbalance")).to_be_visible(
-            timeout=10_000
+            timeout=WAIT_MS
         )
         assert httpx.get(served.url + "/api/experts").json()["version"] == version + 1
         traffic(served.loop, 4, 24)
         wait_idle(served.loop)
         expect(page.get_by_text(f"expert_placement {version}→{version + 1}").first).to_be_visible(
-            timeout=10_000
+            timeout=WAIT_MS
         )
-        expect(page.get_by_text(f"(placement v{version + 1})")).to_be_visible(timeout=10_000)
+        expect(page.get_by_text(f"(placement v{version + 1})")).to_be_visible(timeout=WAIT_MS)
         _screenshot(page, tmp_path / "rebalance.png")
         print(f"screenshots in {tmp_path}")
         browser.close()
@@ -174,7 +178,7 @@ def test_replay_page_in_a_browser(served: Served, dashboard_url: str, tmp_path: 
         page.locator('[data-testid="stSelectbox"]').filter(has_text="speed").click()
         page.get_by_role("option", name="as fast as possible").click()
         page.get_by_role("button", name="Play").click()
-        expect(page.get_by_text("ended", exact=True)).to_be_visible(timeout=30_000)
-        expect(page.locator(".js-plotly-plot")).to_have_count(len(PANELS), timeout=10_000)
+        expect(page.get_by_text("ended", exact=True)).to_be_visible(timeout=WAIT_MS)
+        expect(page.locator(MAIN_CHARTS)).to_have_count(len(PANELS), timeout=WAIT_MS)
         _screenshot(page, tmp_path / "replay.png")
         browser.close()

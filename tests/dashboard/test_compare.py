@@ -6,7 +6,7 @@ from typing import Any
 
 import httpx
 import pytest
-from api_servers import MODEL, Served, serve, stop, traffic, wait_for, wait_idle
+from api_servers import MODEL, TIMEOUT, Served, serve, stop, traffic, wait_for, wait_idle
 from frames import frames
 from streamlit.testing.v1 import AppTest
 
@@ -90,8 +90,7 @@ def with_rerun(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Serve
                 recorder.flush()
                 and httpx.get(served.url + f"/api/sessions/{original}/requests").json()["requests"]
             ),
-            20,
-            "the requests to be recorded",
+            what="the requests to be recorded",
         )
         resp = httpx.post(served.url + f"/api/sessions/{original}/rerun?speed=50")
         assert resp.status_code == 202, resp.text
@@ -115,9 +114,10 @@ def _compare_script() -> None:
     compare_page.page()
 
 
+@pytest.mark.slow
 def test_compare_page_shows_an_original_and_its_rerun(with_rerun: tuple[Served, str, str]) -> None:
     served, original, rerun = with_rerun
-    at = AppTest.from_function(_compare_script, default_timeout=30)
+    at = AppTest.from_function(_compare_script, default_timeout=TIMEOUT)
     at.session_state["url"] = served.url
     at.run()
     assert not at.exception

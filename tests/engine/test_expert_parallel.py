@@ -2,7 +2,7 @@
 
 import subprocess
 import sys
-import time
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -11,8 +11,10 @@ from workloads import make_prompts, run_staggered, tokens
 
 from engine import LLM, LLMEngine, SamplingParams
 from engine.loop import EngineDead, EngineLoop
+from engine.outputs import RequestOutput
 
 pytestmark = pytest.mark.slow
+TIMEOUT = 60.0  # for a wait on a condition: generous, since only a hang should ever reach it
 
 PARAMS = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, logprobs=4)
 ARGS = dict(
@@ -150,15 +152,25 @@ def test_a_dead_rank_fails_requests_clearly_instead_of_hanging(ranks2) -> None:
     loop = EngineLoop(ranks2)
     loop.start()
     outputs: list = []
+    first, killed = threading.Event(), threading.Event()
+
+    def on_output(out: RequestOutput) -> None:
+        outputs.append(out)
+        if not first.is_set():
+            first.set()
+            killed.wait(TIMEOUT)  # the engine goes on once rank 1 is dead: mid-request
+
     long = SamplingParams(max_tokens=240, temperature=0.0, ignore_eos=True)
     try:
-        loop.submit([1, 2, 3], long, outputs.append)
-        deadline = time.monotonic() + 30
-        while not outputs and time.monotonic() < deadline:
-            time.sleep(0.01)
+        loop.submit([1, 2, 3], long, on_output)
+        assert first.wait(TIMEOUT)
         proc = ranks2.ranks.procs[0]
-        proc.kill()
-        loop._thread.join(20)
+        try:
+            proc.kill()
+            proc.wait(TIMEOUT)
+        finally:
+            killed.set()
+        loop._thread.join(TIMEOUT)
         assert not loop._thread.is_alive()
         assert loop.error is not None and "rank 1" in loop.error and "exited" in loop.error
         assert outputs[-1].finish_reason == "error" and "rank 1" in outputs[-1].error

@@ -350,6 +350,7 @@ def test_expert_parallel_matches_transformers(checkpoints: dict[str, Path], name
                 assert value == pytest.approx(expected[start + i, token].item(), abs=ATOL)
 
 
+@pytest.mark.slow
 def test_loading_shows_progress_on_a_terminal(checkpoints: dict[str, Path]) -> None:
     main, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))

@@ -247,6 +247,7 @@ class Workload:
         assert {rid: out.token_ids for rid, out in self.finished.items()} == expected
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(engine_args=ENGINE_ARGS, burst=BURST, script=SCRIPT)
 def test_random_workloads_stay_sound(

@@ -27,6 +27,7 @@ def test_kernels_compile_for_sm90() -> None:
     assert all(int(line.rsplit(" ", 1)[1]) > 0 for line in lines), "a main loop not pipelined"
 
 
+@pytest.mark.slow
 def test_refuses_interpreter_mode() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     run = subprocess.run(

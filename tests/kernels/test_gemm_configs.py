@@ -63,6 +63,7 @@ def test_lookup_takes_the_nearest_bucket(monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert lookup(DEVICE, 8, 64, 128, 200, torch.bfloat16).gate_up != large
 
 
+@pytest.mark.slow
 def test_autotune_fills_the_table_and_the_kernel_uses_it(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -123,7 +123,10 @@ def locked(url: str) -> Iterator[None]:
         conn.close()
 
 
-def wait_for(cond: Any, timeout: float = 20.0, what: str = "condition") -> None:
+TIMEOUT = 60.0  # for a wait on a condition: generous, since only a hang should ever reach it
+
+
+def wait_for(cond: Any, timeout: float = TIMEOUT, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
@@ -148,7 +151,7 @@ def fresh_url(kind: str, tmp: Path) -> str:
     return url
 
 
-def run_requests(loop: EngineLoop, n: int, max_tokens: int, timeout: float = 60.0) -> None:
+def run_requests(loop: EngineLoop, n: int, max_tokens: int, timeout: float = TIMEOUT) -> None:
     """Submit `n` greedy requests straight to the loop and wait until all have finished."""
     done = threading.Semaphore(0)
 
@@ -170,6 +173,6 @@ def mark_step(loop: EngineLoop) -> int:
     Every earlier step has been published by then too, so a recorder flush covers them all.
     """
     before = loop.steps
-    loop.update_knobs({"max_num_seqs": loop.knobs.max_num_seqs % 64 + 1}).result(10)
+    loop.update_knobs({"max_num_seqs": loop.knobs.max_num_seqs % 64 + 1}).result(TIMEOUT)
     wait_for(lambda: loop.steps > before, what="the marker step")
     return loop.steps - 1

@@ -4,9 +4,9 @@ import json
 from pathlib import Path
 
 import httpx
-from api_servers import MODEL, serve, stop, ws_connect
+from api_servers import MODEL, serve, stop, telemetry_ws
 from sqlalchemy import func, select
-from storage_helpers import locked, mark_step, run_requests, wait_for
+from storage_helpers import TIMEOUT, locked, mark_step, run_requests, wait_for
 
 from api.settings import ServerSettings
 from storage import Recorder
@@ -19,18 +19,17 @@ def test_outage_drops_and_counts_then_recording_resumes(tmp_path: Path) -> None:
         ServerSettings(model_name=MODEL, db_url=url, record_buffer=16, db_timeout_s=0.05)
     )
     rec: Recorder = served.server.server.config.app.state.recorder
-    ws_url = served.url.replace("http://", "ws://") + "/ws/telemetry?fields=recorder"
     try:
         run_requests(served.loop, 2, 8)
         assert rec.flush()
-        with locked(url), ws_connect(ws_url) as ws:
+        with locked(url), telemetry_ws(served, "?fields=recorder") as (ws, _):
             run_requests(served.loop, 4, 60)
             wait_for(lambda: rec.dropped_steps > 0 and not rec.ok, what="drops while locked")
             status = httpx.get(served.url + "/api/status").json()["recorder"]
             assert not status["ok"] and "locked" in status["last_error"]
             assert status["dropped_steps"] > 0 and status["pending_steps"] <= 16
             last = mark_step(served.loop)
-            while (msg := json.loads(ws.recv(timeout=10)))["step"] < last:
+            while (msg := json.loads(ws.recv(timeout=TIMEOUT)))["step"] < last:
                 pass
             assert msg["recorder"]["ok"] is False and msg["recorder"]["dropped"] > 0
         assert rec.flush()  # the database is back: what was kept is written

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pyarrow.parquet as pq
 import pytest
-from api_servers import MODEL, Served, serve, stop, wait_idle, ws_connect
+from api_servers import MODEL, TIMEOUT, Served, serve, stop, telemetry_ws, wait_idle, ws_connect
 from storage_helpers import fresh_url, wait_for
 from websockets.sync.client import ClientConnection
 
@@ -169,7 +169,7 @@ def test_export_jsonl_and_parquet(recorded: Recorded) -> None:
 
 
 def _recv(ws: ClientConnection) -> dict[str, Any]:
-    return json.loads(ws.recv(timeout=20))
+    return json.loads(ws.recv(timeout=TIMEOUT))
 
 
 def _until_ended(ws: ClientConnection) -> list[dict[str, Any]]:
@@ -223,7 +223,7 @@ def test_replay_refuses_bad_requests(recorded: Recorded, path: str, code: int, w
     with recorded.ws(path.format(id=recorded.session)) as ws:
         msg = _recv(ws)
         assert msg["code"] == code and word in msg["error"]
-        ws.recv_events_thread.join(5)
+        ws.recv_events_thread.join(TIMEOUT)
         assert ws.close_code == 1008
 
 
@@ -292,10 +292,9 @@ def test_status_and_telemetry_carry_the_recorder_counts(recorded: Recorded) -> N
     stats = recorded.get("/api/status").json()["recorder"]
     assert stats["recording"] and stats["ok"] and stats["dropped_steps"] == 0
     assert stats["written_steps"] == loop.steps and stats["pending_steps"] == 0
-    ws_url = "/ws/telemetry?fields=queue,recorder"
-    with recorded.ws(ws_url) as ws:
+    with telemetry_ws(recorded.served, "?fields=queue,recorder") as (ws, _):
         seqs = loop.knobs.max_num_seqs % 64 + 1  # a change, so the idle loop steps
-        loop.update_knobs({"max_num_seqs": seqs}).result(10)
+        loop.update_knobs({"max_num_seqs": seqs}).result(TIMEOUT)
         msg = _recv(ws)
     assert set(msg) == {"step", "queue", "recorder"}
     assert msg["recorder"] == {"ok": True, "dropped": 0, "pending": msg["recorder"]["pending"]}

