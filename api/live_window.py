@@ -1,13 +1,12 @@
 """The live engine's recent past on the API side: its last steps, per-step counts and ended
 requests, drained from the loop's buses by an asyncio task (never on the engine thread)."""
 
-import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from engine.bus import Subscription
+from api.bus_reader import BusReader
 from engine.knobs import Knobs
 from engine.loop import EngineLoop
 from tuning.outcome import METRICS, StepCounts, outcome, step_counts, totals
@@ -21,33 +20,28 @@ MAX_RECORDS = 1 << 16  # ended requests kept
 KnobChangeHook = Callable[[dict[str, Any], float], None]
 
 
-class LiveWindow:
+class LiveWindow(BusReader):
     """Bounded: the last FIT_STEPS StepTelemetry records, and the StepCounts and RequestRecords
     of the last `keep_s` seconds. `on_change(change, t)` hears each applied knob change (a
     KnobChange dict touching a knob) with the time of the step that reported it."""
 
     def __init__(self, engine_loop: EngineLoop, keep_s: float) -> None:
-        self.engine_loop = engine_loop
+        super().__init__(engine_loop)
         self.keep_s = keep_s
         self.steps: deque[dict[str, Any]] = deque(maxlen=FIT_STEPS)
         self.counts: deque[StepCounts] = deque(maxlen=MAX_COUNTS)
         self.records: deque[dict[str, Any]] = deque(maxlen=MAX_RECORDS)
         self.started_t = time.time()
         self.on_change: KnobChangeHook | None = None
-        self._subs: tuple[Subscription, Subscription] | None = None
 
     def subscribe(self) -> None:
         """Start listening (before the engine starts, so that no step is missed)."""
-        loop = self.engine_loop
-        self._subs = (loop.bus.subscribe(maxlen=8192), loop.requests.subscribe(maxlen=65536))
+        super().subscribe()
         self.started_t = time.time()
 
     def drain(self) -> None:
         """Take in what the buses hold; call on the event loop (hooks may start tasks)."""
-        if self._subs is None:
-            return
-        steps, _ = self._subs[0].drain()
-        ended, _ = self._subs[1].drain()
+        steps, ended, _ = self.take()
         for step in steps:
             self.steps.append(step)
             self.counts.append(step_counts(step))
@@ -60,20 +54,6 @@ class LiveWindow:
             self.counts.popleft()
         while self.records and self.records[0]["finished_t"] < oldest:
             self.records.popleft()
-
-    async def run(self, interval_s: float) -> None:
-        """Drain every `interval_s` seconds until cancelled, then stop listening."""
-        if self._subs is None:
-            self.subscribe()
-        assert self._subs is not None
-        try:
-            while True:
-                await asyncio.sleep(interval_s)
-                self.drain()
-        finally:
-            self.engine_loop.bus.unsubscribe(self._subs[0])
-            self.engine_loop.requests.unsubscribe(self._subs[1])
-            self._subs = None
 
     def observe(self, t0: float, t1: float) -> dict[str, Any]:
         """METRICS of the requests that ended and the steps that ran between t0 and t1 (the

@@ -5,7 +5,6 @@ counters and histograms, and per-request ones, come from subscriptions to the lo
 request buses, drained by an asyncio task (and before each scrape).
 """
 
-import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,8 +21,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from api.bus_reader import BusReader
 from api.errors import APIError
-from engine.bus import Subscription
 from engine.loop import EngineLoop
 
 PREFIX = "moescope:"
@@ -142,11 +141,11 @@ class _LiveCollector(Collector):
         )
 
 
-class Metrics:
+class Metrics(BusReader):
     """The registry of one server and the code that feeds it."""
 
     def __init__(self, engine_loop: EngineLoop, model_name: str) -> None:
-        self.engine_loop = engine_loop
+        super().__init__(engine_loop)
         self.model_name = model_name
         self.registry = CollectorRegistry()
         self.registry.register(_LiveCollector(engine_loop, model_name))
@@ -212,7 +211,6 @@ class Metrics:
         self.request_generation_tokens = histogram(
             "request_generation_tokens", "Generated tokens per request.", TOKEN_BUCKETS
         )
-        self._subs: tuple[Subscription, Subscription] | None = None
 
     def _child(self, metric: Counter, *labels: Any) -> Any:
         key = (metric._name, *map(str, labels))
@@ -273,34 +271,11 @@ class Metrics:
                 self._child(metric, i).inc(value)
 
     def drain(self) -> None:
-        if self._subs is None:
-            return
-        steps, requests = self._subs
-        records, dropped = steps.drain()
-        ended, lost = requests.drain()
-        if dropped or lost:
-            self.telemetry_dropped.inc(dropped + lost)
+        records, ended, dropped = self.take()
+        if dropped:
+            self.telemetry_dropped.inc(dropped)
         self.observe_steps(records)
         self.observe_requests(ended)
-
-    def subscribe(self) -> None:
-        """Start counting steps and ended requests from the loop's buses."""
-        loop = self.engine_loop
-        self._subs = (loop.bus.subscribe(maxlen=8192), loop.requests.subscribe(maxlen=65536))
-
-    async def run(self, interval_s: float) -> None:
-        """Fold in what arrived on the buses every `interval_s` seconds."""
-        if self._subs is None:
-            self.subscribe()
-        assert self._subs is not None
-        try:
-            while True:
-                await asyncio.sleep(interval_s)
-                self.drain()
-        finally:
-            self.engine_loop.bus.unsubscribe(self._subs[0])
-            self.engine_loop.requests.unsubscribe(self._subs[1])
-            self._subs = None
 
     def render(self) -> bytes:
         self.drain()

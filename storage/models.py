@@ -89,6 +89,21 @@ class RequestRow(Base):
     preemptions: Mapped[int]
 
 
+# the columns a RequestRecord fills (all but the row id and the session)
+REQUEST_FIELDS = (
+    "req",
+    "arrival",
+    "finished_t",
+    "prompt_len",
+    "output_len",
+    "max_tokens",
+    "ttft_ms",
+    "e2e_ms",
+    "finish_reason",
+    "preemptions",
+)
+
+
 class ScorecardRow(Base):
     """One applied knob change scored: the live twin's prediction when it applied (or why there
     was none) and, once its horizon passed, what was observed, with each metric's error.

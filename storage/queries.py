@@ -7,7 +7,14 @@ from sqlalchemy import Row, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from stats import QUANTILES, summary
-from storage.models import KnobChangeRow, RequestRow, ScorecardRow, SessionRow, StepRow
+from storage.models import (
+    REQUEST_FIELDS,
+    KnobChangeRow,
+    RequestRow,
+    ScorecardRow,
+    SessionRow,
+    StepRow,
+)
 from storage.store import SessionNotFound, SessionOpen, Store
 
 MAX_STEPS_PER_QUERY = 10_000
@@ -190,20 +197,6 @@ def knob_changes(store: Store, session_id: str) -> list[dict[str, Any]]:
             }
             for (k,) in conn.execute(query)
         ]
-
-
-REQUEST_FIELDS = (
-    "req",
-    "arrival",
-    "finished_t",
-    "prompt_len",
-    "output_len",
-    "max_tokens",
-    "ttft_ms",
-    "e2e_ms",
-    "finish_reason",
-    "preemptions",
-)
 
 
 def requests(store: Store, session_id: str) -> list[dict[str, Any]]:

@@ -28,7 +28,7 @@ from sqlalchemy import Connection, insert, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from engine.bus import Subscription, TelemetryBus
-from storage.models import KnobChangeRow, RequestRow, SessionRow, StepRow
+from storage.models import REQUEST_FIELDS, KnobChangeRow, RequestRow, SessionRow, StepRow
 from storage.store import Store, _first_line
 
 log = logging.getLogger(__name__)
@@ -373,19 +373,4 @@ def _knob_row(r: dict[str, Any]) -> dict[str, Any]:
 
 
 def _request_row(r: dict[str, Any]) -> dict[str, Any]:
-    return {
-        k: r[k]
-        for k in (
-            "session_id",
-            "req",
-            "arrival",
-            "finished_t",
-            "prompt_len",
-            "output_len",
-            "max_tokens",
-            "ttft_ms",
-            "e2e_ms",
-            "finish_reason",
-            "preemptions",
-        )
-    }
+    return {k: r[k] for k in ("session_id", *REQUEST_FIELDS)}
