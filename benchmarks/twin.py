@@ -279,8 +279,7 @@ def settings(twin: Twin, steps: list[dict[str, Any]]) -> dict[str, dict[str, Any
     """The knob settings tried on a session, as changes to its knobs. Two follow what the
     recording used: half its peak running requests as slots (at least 4), and half its
     peak KV blocks as capacity (preemptions; at least what the longest request needs)."""
-    block, max_len = twin.setup.cache.block_size, twin.setup.max_model_len
-    need = max(-(-min(t.prompt_len + t.output_len, max_len) // block) for t in twin.trace)
+    need = twin.context["min_blocks"]
     slots = max(4, max(step["queue"]["running"] for step in steps) // 2)
     kv = max(need + 1, max(step["kv"]["used"] for step in steps) // 2)
     return {

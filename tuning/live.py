@@ -10,7 +10,7 @@ from engine.queue_snapshot import QueuedRequest, QueueSnapshot
 from engine.telemetry import KnobChange
 from tuning.cost_model import fit
 from tuning.experts import ExpertDraw
-from tuning.trace import TraceItem
+from tuning.trace import TraceItem, blocks_needed
 from tuning.whatif import Twin, engine_setup
 
 ARRIVAL_WINDOW_S = 60.0  # the recent arrivals that the horizon repeats
@@ -94,14 +94,9 @@ def twin_from_live(
     except InvalidInput as exc:
         raise InvalidInput(f"the live engine has seen too few steps: {exc}", "source") from None
     trace = live_trace(snapshot.requests, recent, snapshot.t, window_s, horizon_s)
-    block = setup.cache.block_size
-    context["min_blocks"] = max(
-        (
-            math.ceil(min(q.prompt_len + q.max_tokens, setup.max_model_len) / block)
-            for q in snapshot.requests
-        ),
-        default=1,
-    )
+    # as the engine does: a knob change may not shrink the cache below a live request's need
+    queued = trace[: len(snapshot.requests)]
+    context["min_blocks"] = blocks_needed(queued, setup.cache.block_size, setup.max_model_len)
     at = snapshot.knobs_version if version is None else version
     knobs = validate_knobs(knobs_at(snapshot.knobs, snapshot.knob_changes, at), context)
     twin = Twin(setup, knobs, trace, model, ExpertDraw(steps), context)

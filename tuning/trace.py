@@ -19,3 +19,11 @@ def trace_of(records: list[dict[str, Any]]) -> list[TraceItem]:
     served = sorted((r for r in records if r["output_len"] > 0), key=lambda r: r["arrival"])
     t0 = served[0]["arrival"] if served else 0.0
     return [TraceItem(r["arrival"] - t0, r["prompt_len"], r["output_len"]) for r in served]
+
+
+def blocks_needed(items: list[TraceItem], block_size: int, max_len: int) -> int:
+    """KV blocks the largest of `items` holds by its end (as the engine counts a live request's
+    need when a knob change would shrink the cache); 1 for none."""
+    return max(
+        (-(-min(t.prompt_len + t.output_len, max_len) // block_size) for t in items), default=1
+    )

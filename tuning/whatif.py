@@ -12,7 +12,7 @@ from tuning.cost_model import CostModel, fit
 from tuning.experts import ExpertDraw
 from tuning.outcome import StepTotals, outcome
 from tuning.simulator import Setup, SimResult, simulate
-from tuning.trace import TraceItem, trace_of
+from tuning.trace import TraceItem, blocks_needed, trace_of
 
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 OUTSIDE_SHARE = 0.10  # refuse when more simulated steps than this lie beyond the fit
@@ -94,7 +94,7 @@ def refuse_outside(result: SimResult) -> None:
 def engine_setup(config: dict[str, Any]) -> tuple[Setup, dict[str, Any]]:
     """The simulated engine and the knob validation context (`validate_knobs`) of an engine
     description: `config` as a session row and /api/status hold it (`model_config`,
-    `engine_config`). The context takes the smallest live request (one block)."""
+    `engine_config`). The context's `min_blocks` is 1 until the caller knows its requests."""
     model_cfg, engine_cfg = config["model_config"], config["engine_config"]
     cache = CacheConfig(**engine_cfg["cache"])
     ep = engine_cfg["parallel"]["ep_size"]
@@ -119,6 +119,9 @@ def twin_from_recording(
     if not records:
         raise InvalidInput("the session recorded no requests to replay", "source")
     setup, context = engine_setup(session["config"])
+    trace = trace_of(records)
+    # a KV capacity below a request's need would leave it queued forever in the simulation
+    context["min_blocks"] = blocks_needed(trace, setup.cache.block_size, setup.max_model_len)
     knobs = validate_knobs(session["knobs"], context)
     model = fit(steps, session["knobs"])
-    return Twin(setup, knobs, trace_of(records), model, ExpertDraw(steps), context)
+    return Twin(setup, knobs, trace, model, ExpertDraw(steps), context)
