@@ -1,45 +1,71 @@
-"""Expert loads for simulated steps, drawn from the routing a recording saw."""
+"""Expert loads for simulated steps, taken from the routing the recording saw."""
 
+import bisect
 from typing import Any
 
 import numpy as np
 
 
 class ExpertDraw:
-    """Routed pairs for simulated steps, by each layer's expert popularity in the recording.
+    """Routed pairs [layers, experts] for simulated steps, from recorded steps of the same size.
 
-    Each token picks top_k distinct experts per layer, weighted by how often the recording
-    routed to each (the Gumbel top-k trick draws k without replacement in one pass). One
-    recorded step alone has too few pairs to show an expert's popularity: a decode step of
-    six tokens routes twelve pairs, and its shares would make capacity drops look far worse
-    than they are."""
+    A step of n tokens gets the counts of a recorded step of n tokens, in recorded order, so
+    that a run whose steps have the recording's sizes (a capacity factor changes no scheduling)
+    sees exactly the recorded loads and drops. Real loads are far more concentrated than
+    independent per-token draws by popularity: tokens of one prompt, and a decoding sequence
+    step after step, route alike. A size the recording never ran draws its tokens by the
+    shares of the recorded step nearest in size, so that concentration carries over."""
 
     def __init__(self, steps: list[dict[str, Any]], seed: int = 0) -> None:
-        counts = [np.asarray(s["experts"]["counts"], dtype=np.float64) for s in steps]
-        total = np.sum([c for c in counts if c.size], axis=0)
-        if not np.ndim(total) or total.sum() == 0:
-            raise ValueError("no recorded step routed any token")
-        # an expert never seen keeps a little weight, so that it can still be drawn
-        smoothed = total + 0.5
-        self.log_p = np.log(smoothed / smoothed.sum(axis=1, keepdims=True))
         self.top_k = int(steps[0]["experts"]["top_k"])
+        self.by_size: dict[int, list[np.ndarray]] = {}
+        for s in steps:
+            counts = np.asarray(s["experts"]["counts"], dtype=np.int64)
+            if counts.size and counts.sum():
+                self.by_size.setdefault(int(counts[0].sum()) // self.top_k, []).append(counts)
+        if not self.by_size:
+            raise ValueError("no recorded step routed any token")
+        self.sizes = sorted(self.by_size)
+        total = np.sum([c for same in self.by_size.values() for c in same], axis=0)
+        self.popularity = total / total.sum(axis=1, keepdims=True)
         self.seed = seed
-        self.rng = np.random.default_rng(seed)
+        self.reseed()
 
     @property
     def shape(self) -> tuple[int, int]:
         """(layers, experts)."""
-        layers, experts = self.log_p.shape
+        layers, experts = self.popularity.shape
         return layers, experts
 
     def reseed(self) -> None:
         """Start the draws again, so that runs under different knobs see the same loads."""
         self.rng = np.random.default_rng(self.seed)
+        self.used = dict.fromkeys(self.sizes, 0)
 
     def draw(self, tokens: int) -> np.ndarray:
         """Routed pairs [layers, experts] for a step of `tokens` tokens."""
+        same = self.by_size.get(tokens)
+        if same is not None:
+            self.used[tokens] += 1
+            return same[(self.used[tokens] - 1) % len(same)]
+        return self._sample(tokens, self._nearest(tokens))
+
+    def _nearest(self, tokens: int) -> np.ndarray:
+        """A recorded step of the nearest size by ratio, taken in turn as `draw` takes them."""
+        i = bisect.bisect(self.sizes, tokens)
+        near = [self.sizes[j] for j in (i - 1, i) if 0 <= j < len(self.sizes)]
+        size = min(near, key=lambda m: abs(np.log(tokens / m)))
+        self.used[size] += 1
+        return self.by_size[size][(self.used[size] - 1) % len(self.by_size[size])]
+
+    def _sample(self, tokens: int, like: np.ndarray) -> np.ndarray:
+        """Each token picks top_k distinct experts per layer by `like`'s shares (the Gumbel
+        top-k trick draws k without replacement in one pass); a little of the whole
+        recording's popularity keeps every expert it saw drawable."""
+        shares = like / like.sum(axis=1, keepdims=True)
+        log_p = np.log(0.9 * shares + 0.1 * self.popularity + 1e-12)
         layers, experts = self.shape
-        keys = self.log_p[:, None, :] + self.rng.gumbel(size=(layers, tokens, experts))
+        keys = log_p[:, None, :] + self.rng.gumbel(size=(layers, tokens, experts))
         chosen = np.argpartition(-keys, self.top_k - 1, axis=2)[:, :, : self.top_k]
         out = np.zeros((layers, experts), dtype=np.int64)
         np.add.at(out, (np.arange(layers)[:, None, None], chosen), 1)

@@ -12,6 +12,7 @@ from engine.config import CacheConfig
 from engine.ep.placement import Placement
 from engine.knobs import Knobs
 from tuning.experts import ExpertDraw
+from tuning.features import capacity, kept
 from tuning.simulator import Setup, simulate
 from tuning.trace import TraceItem
 
@@ -130,3 +131,31 @@ def test_simulator_schedules_as_the_engine_did(
     assert sim.peak_kv_blocks == max(s["kv"]["used"] for s in steps)
     assert sim.preemptions == sum(s["queue"]["preempted"] for s in steps)
     assert sim.end_s == pytest.approx(sum(durations) / 1000)
+
+
+def test_a_capacity_factor_drops_exactly_what_the_recorded_loads_would() -> None:
+    """The scheduling knobs stay the recording's, so every simulated step has a recorded step
+    of its size, and the capacity cut applies to the loads the engine routed."""
+    knobs = KNOB_SETS[0]
+    steps, trace = run_engine(knobs, workload(0))
+    cfg = LLMEngine(model=MODEL, **ENGINE).model_config
+    setup = Setup(
+        CacheConfig(block_size=8, num_blocks=16, enable_prefix_caching=False),
+        "continuous",
+        Placement.contiguous(cfg.num_layers, cfg.num_experts, 1),
+        cfg.hidden_size * 4,
+        cfg.max_model_len,
+    )
+    full = Knobs.model_validate({**Knobs().model_dump(), **knobs, "expert_capacity_factor": 1.0})
+    durations = [s["dur_ms"]["total"] for s in steps]
+    sim = simulate(trace, full, setup, RecordedCost(durations), ExpertDraw(steps))
+
+    dropped = 0
+    for s in steps:
+        counts = np.asarray(s["experts"]["counts"])
+        tokens = sum(slot["tokens"] for slot in s["batch"]["slots"])
+        cap = capacity(1.0, tokens, s["experts"]["top_k"], counts.shape[1])
+        dropped += int((counts - kept(counts, cap)).sum())
+    assert dropped > 0
+    assert sim.dropped_pairs == dropped
+    assert sim.routed_pairs == sum(int(np.sum(s["experts"]["counts"])) for s in steps)

@@ -1,0 +1,36 @@
+"""Simulated steps' expert loads come from the recorded steps of the same size."""
+
+from typing import Any
+
+import pytest
+
+from tuning.experts import ExpertDraw
+
+
+def step(counts: list[list[int]], top_k: int = 2) -> dict[str, Any]:
+    return {"experts": {"counts": counts, "top_k": top_k}}
+
+
+def test_a_recorded_size_replays_its_steps_in_order() -> None:
+    a, b = [[4, 0, 2, 0]], [[3, 3, 0, 0]]
+    draw = ExpertDraw([step(a), step([[1, 1, 0, 0]]), step(b)])
+    assert [draw.draw(3).tolist() for _ in range(3)] == [a, b, a]
+    draw.reseed()
+    assert draw.draw(3).tolist() == a
+
+
+def test_an_unseen_size_keeps_the_nearest_steps_concentration() -> None:
+    """Recorded steps route nearly everything to experts 0 and 1 in layer 0 and to 6 and 7 in
+    layer 1; a larger step than any recorded routes the same way, each token to top_k
+    distinct experts."""
+    hot = [[7, 7, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 7, 7]]
+    draw = ExpertDraw([step(hot), step([[1, 1, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 1, 1]])])
+    out = draw.draw(50)
+    assert out.sum(axis=1).tolist() == [100, 100]
+    assert out.max() <= 50
+    assert out[0, :2].sum() >= 80 and out[1, 6:].sum() >= 80
+
+
+def test_no_routed_token_is_refused() -> None:
+    with pytest.raises(ValueError, match="no recorded step"):
+        ExpertDraw([step([[0, 0]])])
