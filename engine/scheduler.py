@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from engine.config import Batching, Knobs
 from engine.kv_cache import BlockManager
 from engine.request import Request, Status
+from engine.telemetry import BlockReason
 
 
 @dataclass
@@ -34,6 +35,8 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
+    blocked: BlockReason | None = None  # why the waiting queue's head was left waiting
+    ahead_arrival: float | None = None  # latest arrival of that head and of those admitted
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -92,9 +95,28 @@ class Scheduler:
         budget = self._schedule_running(out, self.knobs.max_num_batched_tokens)
         if not out.preempted:
             budget = self._schedule_swapped(out, budget)
-        if not out.preempted and not self.swapped:
+        if out.preempted and self.waiting:
+            self._blocked(out, "kv", self._waiting_head())  # admission waits out the shortage
+        elif self.swapped and self.waiting:
+            self._blocked(out, "swapped", self._waiting_head())  # swapped requests go first
+        elif not out.preempted and not self.swapped:
             self._schedule_waiting(out, budget)
         return out
+
+    def _waiting_head(self) -> Request:
+        if self.knobs.policy == "fcfs":
+            return self.waiting[0]
+        return min(self.waiting, key=self.policy_key)
+
+    @staticmethod
+    def _ahead(out: SchedulerOutput, req: Request) -> None:
+        """Note `req` as admitted, or as the head left waiting, ahead of those still waiting."""
+        if out.ahead_arrival is None or req.arrival > out.ahead_arrival:
+            out.ahead_arrival = req.arrival
+
+    def _blocked(self, out: SchedulerOutput, reason: BlockReason, head: Request) -> None:
+        out.blocked = reason
+        self._ahead(out, head)
 
     def _shrink_to_capacity(self, out: SchedulerOutput) -> None:
         while self.blocks.num_used > self.blocks.usable and self.running:
@@ -175,34 +197,49 @@ class Scheduler:
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         static = self.batching == "static"
+        order = self._waiting_order()
         if static and self.running:
+            if order:
+                self._blocked(out, "static", order[0])  # a static batch runs to its end
             return
         reserved = 0
-        for req in self._waiting_order():
-            if len(self.running) >= self.knobs.max_num_seqs:
-                break
-            matched = self.blocks.prefix_match(req)
-            hit_tokens = len(matched) * self.blocks.block_size
-            pending = req.num_tokens - hit_tokens
-            n = self._prefill_len(pending, budget)
-            if n == 0 and not static:
-                break
-            cost = len(matched) - self.blocks.hit_blocks_in_use(matched)
-            if static:
-                cost += self.blocks.blocks_for(req.num_tokens) - len(matched)
-            else:
-                cost += self.blocks.blocks_for(hit_tokens + n) - len(matched)
-            if reserved + cost > self.blocks.num_allocatable - self._watermark():
-                break
+        for req in order:
+            admission = self._admit(req, budget, reserved, static)
+            if isinstance(admission, str):
+                self._blocked(out, admission, req)
+                return
+            n, cost, matched = admission
             before = self.blocks.num_allocatable
             self.waiting.remove(req)
             self.blocks.admit(req, matched)
             self._run(req)
+            self._ahead(out, req)
             if n:
                 self._add_chunk(req, n, out)
                 budget -= n
             if static:
                 reserved += cost - (before - self.blocks.num_allocatable)
+
+    def _admit(
+        self, req: Request, budget: int, reserved: int, static: bool
+    ) -> tuple[int, int, list[int]] | BlockReason:
+        """(prefill tokens to run now, blocks it takes, its prefix-cache hits) if `req` can be
+        admitted, else what blocks it."""
+        if len(self.running) >= self.knobs.max_num_seqs:
+            return "slots"
+        matched = self.blocks.prefix_match(req)
+        hit_tokens = len(matched) * self.blocks.block_size
+        n = self._prefill_len(req.num_tokens - hit_tokens, budget)
+        if n == 0 and not static:
+            return "budget"
+        cost = len(matched) - self.blocks.hit_blocks_in_use(matched)
+        if static:
+            cost += self.blocks.blocks_for(req.num_tokens) - len(matched)
+        else:
+            cost += self.blocks.blocks_for(hit_tokens + n) - len(matched)
+        if reserved + cost > self.blocks.num_allocatable - self._watermark():
+            return "kv"
+        return n, cost, matched
 
     def _run(self, req: Request) -> None:
         req.status = Status.RUNNING

@@ -18,6 +18,7 @@ from engine.telemetry import (
     KVInfo,
     LatencyInfo,
     QueueInfo,
+    SchedInfo,
     Slot,
     StepTelemetry,
 )
@@ -82,6 +83,11 @@ def step_telemetry(
             ],
         ),
         knob_changes=applied,
+        sched=SchedInfo(
+            blocked=sched.blocked,
+            ahead_arrival=sched.ahead_arrival,
+            preempted=[r.request_id for r in sched.preempted],
+        ),
     )
 
 

@@ -4,7 +4,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-TELEMETRY_VERSION = 1
+TELEMETRY_VERSION = 2  # 2: `sched`, why waiting requests waited
 
 
 class Durations(BaseModel):
@@ -41,6 +41,20 @@ class QueueInfo(BaseModel):
     arrived: int
     finished: int
     preempted: int
+
+
+BlockReason = Literal["slots", "budget", "kv", "swapped", "static"]
+
+
+class SchedInfo(BaseModel):
+    """Why requests were left waiting this step: the blocking reason at the head of the waiting
+    queue (None when nothing was left waiting), the latest arrival among that head and the
+    requests admitted (a request left waiting that arrived earlier was passed over by the
+    policy), and the requests preempted."""
+
+    blocked: BlockReason | None = None
+    ahead_arrival: float | None = None
+    preempted: list[str] = []
 
 
 class KVInfo(BaseModel):
@@ -125,3 +139,4 @@ class StepTelemetry(BaseModel):
     a2a: A2AInfo
     latency: LatencyInfo
     knob_changes: list[KnobChange] = []
+    sched: SchedInfo = SchedInfo()  # v1 records have none

@@ -43,7 +43,7 @@ def test_one_record_per_step_with_every_field(served: Served) -> None:
     steps = [m["step"] for m in msgs]
     assert steps == list(range(steps[0], steps[0] + len(steps)))
     first = msgs[0]
-    assert first["v"] == 1 and first["session"] == served.loop.engine.session
+    assert first["v"] == 2 and first["session"] == served.loop.engine.session
     assert first["kv"]["total"] == served.loop.engine.blocks.total
     assert first["experts"]["layers"] == len(first["experts"]["counts"])
     assert sum(m["queue"]["finished"] for m in msgs) == 4

@@ -701,3 +701,71 @@ def test_finishing_from_every_queue_returns_every_block() -> None:
         check_state(sched)
     assert {r.finish_reason for r in reqs.values()} == {"abort"}
     assert_all_blocks_back(sched, num_host_blocks=8)
+
+
+# why requests were left waiting (StepTelemetry.sched, for latency attribution)
+
+
+def _arrive(sched: Scheduler, rid: str, prompt: int, t: float, priority: int = 0) -> Request:
+    req = add(sched, rid, prompt, priority=priority)
+    req.arrival = t
+    return req
+
+
+@pytest.mark.parametrize(
+    ("setup", "blocked"),
+    [
+        ({"max_num_seqs": 1}, "slots"),
+        ({"max_num_batched_tokens": 16, "prefill_chunk_size": 0}, "budget"),
+        ({"num_blocks": 5}, "kv"),
+        ({"batching": "static", "max_num_seqs": 1}, "slots"),
+    ],
+)
+def test_the_head_left_waiting_is_blocked_by_the_limit_it_hit(
+    setup: dict[str, Any], blocked: str
+) -> None:
+    sched = make_scheduler(**setup)
+    _arrive(sched, "A", 12, 1.0)
+    _arrive(sched, "B", 12, 2.0)
+    out = step(sched)
+    assert ids(sched.waiting) == ["B"]
+    assert (out.blocked, out.ahead_arrival) == (blocked, 2.0)
+
+
+def test_nothing_left_waiting_blocks_nothing() -> None:
+    sched = make_scheduler()
+    _arrive(sched, "A", 12, 1.0)
+    out = step(sched)
+    assert (out.blocked, out.ahead_arrival) == (None, 1.0)
+    out = step(sched)  # a decode, nothing waiting, nothing admitted
+    assert (out.blocked, out.ahead_arrival) == (None, None)
+
+
+def test_a_request_passed_over_by_the_policy_arrived_before_the_latest_ahead() -> None:
+    sched = make_scheduler(max_num_seqs=1, policy="priority")
+    _arrive(sched, "A", 12, 1.0, priority=5)
+    _arrive(sched, "B", 12, 2.0, priority=0)
+    out = step(sched)
+    assert ids(sched.waiting) == ["A"]
+    assert out.blocked == "slots"
+    assert out.ahead_arrival is not None and out.ahead_arrival > sched.waiting[0].arrival
+
+
+def test_static_batching_blocks_admission_until_the_batch_ends() -> None:
+    sched = make_scheduler(batching="static")
+    _arrive(sched, "A", 12, 1.0)
+    step(sched)
+    _arrive(sched, "B", 4, 2.0)
+    out = step(sched)
+    assert (out.blocked, out.ahead_arrival) == ("static", 2.0)
+
+
+def test_waiting_behind_a_swapped_request_and_behind_a_preemption() -> None:
+    sched = make_scheduler(num_blocks=6, num_host_blocks=8, preemption_mode="swap")
+    _three_running(sched, (0, 0, 0))
+    out = step(sched)  # C swapped out: D may not be admitted in a step that preempts
+    assert ids(out.preempted) == ["C"]
+    assert out.blocked == "kv"
+    out = step(sched)
+    assert (ids(sched.swapped), ids(sched.waiting)) == (["C"], ["D"])
+    assert out.blocked == "swapped"
