@@ -215,7 +215,8 @@ class Attributor:
                 self._add(prev, s0, {cause: 1.0}, phase, cause)
                 self._add(s0, step["t"], {cause: 1.0}, phase, cause)
             else:
-                self._add(prev, s0, {"overhead": 1.0}, "waiting" if not self.started else "")
+                waiting = not self.started
+                self._add(prev, s0, {"overhead": 1.0}, "waiting" if waiting else "", "overhead")
                 self._run(step, slot, s0)
             prev = max(prev, step["t"])
         self._add(prev, self.end, {"overhead": 1.0}, "")

@@ -4,7 +4,7 @@ time, and the dominant cause in words."""
 from typing import Any
 
 import stats
-from tuning.attribution import CAUSES, Timeline
+from tuning.attribution import CAUSES, Timeline, attribute
 
 TAIL_Q = 90  # the percentile whose requests the dominant cause is read from
 
@@ -94,3 +94,21 @@ def summed(parts: list[dict[str, float]]) -> dict[str, float]:
         for cause, v in ms.items():
             total[cause] = total.get(cause, 0.0) + v
     return total
+
+
+def report(
+    records: list[dict[str, Any]],
+    steps: list[dict[str, Any]],
+    bucket_s: float,
+    recent: int,
+) -> dict[str, Any]:
+    """What the API serves for a window: `summarize` over the requests that ended in it (every
+    RequestRecord in `records`, over `steps`, which must cover their lives), their causes in
+    `bucket_s` buckets over time, and the last `recent` timelines (for a waterfall)."""
+    timelines = attribute(records, steps)
+    latest = sorted(timelines, key=lambda t: t.end)[-recent:] if recent > 0 else []
+    return {
+        **summarize(timelines),
+        "over_time": over_time(timelines, bucket_s),
+        "recent": [t.as_dict() for t in latest],
+    }

@@ -11,7 +11,7 @@ from engine.ep.placement import Placement
 from engine.errors import InvalidInput
 from engine.knobs import Knobs
 from tuning.attribution import Timeline, attribute
-from tuning.attribution_summary import over_time, summarize
+from tuning.attribution_summary import over_time, report, summarize
 from tuning.experts import ExpertDraw
 from tuning.simulator import Setup, simulate
 from tuning.trace import TraceItem
@@ -187,3 +187,20 @@ def test_the_dominant_cause_of_the_tail_is_named_in_words() -> None:
     buckets = over_time(timelines, 0.2)
     assert [b["requests"] for b in buckets] == [4, 5, 1]  # ends every 40 ms from 40 to 400
     assert buckets[0]["ttft"]["prefill"] == pytest.approx(10.0)
+
+
+def test_a_report_holds_the_summary_buckets_and_the_latest_timelines() -> None:
+    setup = Setup(
+        CacheConfig(block_size=8, num_blocks=64, enable_prefix_caching=False),
+        "continuous",
+        Placement.contiguous(1, 4, 1),
+        64,
+        4096,
+    )
+    knobs = Knobs.model_validate({**Knobs().model_dump(), "max_num_seqs": 1})
+    sim = simulate([TraceItem(0.0, 16, 4)] * 6, knobs, setup, Cost(10.0), EXPERTS, keep_steps=True)
+    out = report([r.model_dump() for r in sim.records], [s.model_dump() for s in sim.steps], 0.1, 2)
+    assert out["requests"] == 6
+    assert [t["req"] for t in out["recent"]] == ["sim-4", "sim-5"]
+    assert out["recent"][-1]["phases"][0]["cause"] == "queue_slots"
+    assert sum(b["requests"] for b in out["over_time"]) == 6
