@@ -1,0 +1,208 @@
+"""The SLO autopilot's decisions on simulated load: the right knob in the right direction, with
+a reason in words; rollback, pauses, refusals and waiting."""
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+from test_attribution import EXPERTS, Cost
+
+from engine.config import CacheConfig
+from engine.ep.placement import Placement
+from engine.errors import InvalidInput
+from engine.knobs import Knobs
+from tuning.attribution import attribute
+from tuning.attribution_summary import summarize
+from tuning.autopilot import Autopilot, Decision
+from tuning.autopilot_settings import AutopilotSettings, parse_targets
+from tuning.simulator import Setup, simulate
+from tuning.trace import TraceItem
+from tuning.tune import Trial, evaluate
+from tuning.whatif import Twin
+
+SETUP = Setup(
+    CacheConfig(block_size=16, num_blocks=2048, enable_prefix_caching=False),
+    "continuous",
+    Placement.contiguous(1, 4, 1),
+    64,
+    4096,
+)
+CONTEXT = {"total_blocks": 2048, "min_blocks": 1, "max_model_len": 4096, "ep_size": 1}
+
+
+class Load:
+    """A trace run under `knobs` in simulation: what the live engine would have reported (its
+    ended requests and their attribution), and a twin of it for the autopilot to ask."""
+
+    def __init__(self, trace: list[TraceItem], cost: Cost, **knobs: Any) -> None:
+        self.knobs = Knobs.model_validate({**Knobs().model_dump(), **knobs})
+        sim = simulate(trace, self.knobs, SETUP, cost, EXPERTS, keep_steps=True)
+        self.records = [r.model_dump() for r in sim.records]
+        steps = [s.model_dump() for s in sim.steps]
+        self.attribution = summarize(attribute(self.records, steps))
+        self.end = max(r["finished_t"] for r in self.records)
+        self.twin = Twin(SETUP, self.knobs, trace, cost, EXPERTS, CONTEXT)  # type: ignore[arg-type]
+
+    def evaluate(self, settings: AutopilotSettings) -> Any:
+        return lambda changes: [evaluate(self.twin, c, settings.slo) for c in changes]
+
+    def tick(self, pilot: Autopilot) -> Decision | None:
+        return pilot.tick(
+            self.end, self.knobs, self.records, self.attribution, self.evaluate(pilot.settings)
+        )
+
+
+def settings(**values: Any) -> AutopilotSettings:
+    return AutopilotSettings.model_validate({"enabled": True, "observe_s": 5.0, **values})
+
+
+def steady(rate: float, seconds: float, prompt: int, output: int) -> list[TraceItem]:
+    return [TraceItem(i / rate, prompt, output) for i in range(int(rate * seconds))]
+
+
+def test_queueing_for_slots_raises_max_num_seqs() -> None:
+    """Two slots serve about 11 requests a second; 20 arrive each second."""
+    load = Load(steady(20, 3, 32, 16), Cost(10.0, per_prefill=0.01, per_decode=0.2), max_num_seqs=2)
+    pilot = Autopilot(settings(ttft_p90_ms=200, tpot_p90_ms=50))
+    decision = load.tick(pilot)
+    assert decision is not None and decision.action == "change"
+    old, new = decision.changes["max_num_seqs"]
+    assert (old, new) == (2, 4)
+    assert decision.reason.startswith("p90 TTFT")
+    assert "queueing for a slot: max_num_seqs" in decision.reason
+    assert "max_num_seqs 2 → 4" in decision.reason and "predicted p90 TTFT" in decision.reason
+    assert decision.predicted is not None and decision.predicted["slo_attainment"] > 0.5
+
+
+def test_slow_big_decode_batches_lower_max_num_seqs() -> None:
+    """64 requests decode together; each decode adds 2 ms to a step, so a token takes 140 ms.
+    Half the slots halve that, and the other half's wait stays within the TTFT target."""
+    load = Load([TraceItem(0.0, 16, 50)] * 64, Cost(10.0, per_decode=2.0), max_num_seqs=64)
+    pilot = Autopilot(settings(ttft_p90_ms=5000, tpot_p90_ms=100))
+    decision = load.tick(pilot)
+    assert decision is not None and decision.action == "change"
+    assert decision.changes == {"max_num_seqs": [64, 32]}
+    assert decision.reason.startswith("p90 TPOT 138 ms > 100 ms target")
+    assert "(100% of p90 TPOT is decode steps)" in decision.reason
+    assert "TTFT is" not in decision.reason  # only the missed target is explained
+
+
+def test_met_targets_hold() -> None:
+    load = Load(steady(5, 2, 32, 8), Cost(5.0))
+    pilot = Autopilot(settings(ttft_p90_ms=1000, tpot_p90_ms=100))
+    assert load.tick(pilot) is None
+    assert pilot.state == "holding"
+
+
+def fixed(attainment: float, better: float) -> Any:
+    """An evaluate that predicts `attainment` for the current knobs and `better` for the rest."""
+
+    def run(changes: list[dict[str, Any]]) -> list[Trial]:
+        return [
+            Trial(c, {"ttft_p90_ms": 100.0}, 1.0, attainment if not c else better) for c in changes
+        ]
+
+    return run
+
+
+def record(arrival: float, ttft_ms: float) -> dict[str, Any]:
+    return {
+        "arrival": arrival,
+        "finished_t": arrival + ttft_ms / 1000 + 0.1,
+        "ttft_ms": ttft_ms,
+        "e2e_ms": ttft_ms + 100.0,
+        "output_len": 11,
+    }
+
+
+def test_a_change_that_makes_attainment_worse_is_rolled_back_and_backed_off() -> None:
+    pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50, min_gap_s=4.0))
+    knobs = Knobs(max_num_seqs=8)
+    before = [record(95 + 0.4 * i, 600.0 if i % 2 else 100.0) for i in range(10)]
+    decision = pilot.tick(100.0, knobs, before, None, fixed(0.5, 0.9))
+    assert decision is not None and decision.action == "change"
+    pilot.applied(decision, version=7)
+    assert pilot.state == "adjusting"
+    worse = before + [record(101 + 0.3 * i, 900.0) for i in range(10)]
+    assert pilot.tick(103.0, knobs, worse, None, fixed(0.5, 0.9)) is None  # still observing
+    moved = Knobs.model_validate({**knobs.model_dump(), **decision.knob_values()})
+    undo = pilot.tick(106.0, moved, worse, None, fixed(0.5, 0.9))
+    assert undo is not None and undo.action == "rollback"
+    assert undo.changes == {k: [b, a] for k, (a, b) in decision.changes.items()}
+    assert undo.reason.startswith("rolled back: SLO attainment 0% after the change, 50% before")
+    assert pilot.state == "rolled back"
+    pilot.applied(undo, version=8)
+    # backed off: no change for twice the gap, and the same move is not tried again
+    assert pilot.tick(110.0, knobs, worse, None, fixed(0.5, 0.9)) is None
+    fresh = worse + [record(110 + 0.4 * i, 900.0) for i in range(10)]
+    later = pilot.tick(115.0, knobs, fresh, None, fixed(0.5, 0.9))
+    assert later is not None and later.changes != decision.changes
+
+
+def test_a_persons_change_pauses_it_and_it_resumes_after() -> None:
+    pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50, pause_s=30.0))
+    knobs = Knobs(max_num_seqs=8)
+    recent = [record(95 + 0.4 * i, 900.0) for i in range(10)]
+    pilot.person_changed(95.0, "dashboard")
+    assert pilot.state == "paused" and "dashboard" in pilot.note
+    assert pilot.tick(100.0, knobs, recent, None, fixed(0.0, 0.9)) is None
+    assert pilot.status()["paused_until"] == 125.0
+    decision = pilot.tick(126.0, knobs, [record(120, 900.0)] * 10, None, fixed(0.0, 0.9))
+    assert decision is not None and decision.action == "change"
+
+
+def test_a_refused_change_is_recorded_and_it_keeps_going() -> None:
+    pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50, min_gap_s=0.0))
+    knobs = Knobs(max_num_seqs=8)
+    recent = [record(95 + 0.4 * i, 900.0) for i in range(10)]
+    decision = pilot.tick(100.0, knobs, recent, None, fixed(0.0, 0.9))
+    assert decision is not None
+    pilot.refused(decision, "kv_capacity_blocks below a live request's need")
+    assert pilot.status()["last_decision"]["refused"].startswith("kv_capacity_blocks")
+    assert pilot.state == "holding" and pilot.pending is None
+    assert pilot.tick(101.0, knobs, recent, None, fixed(0.0, 0.9)) is not None
+
+
+def test_too_few_steps_for_the_twin_waits_and_says_so() -> None:
+    pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50))
+    recent = [record(95 + 0.4 * i, 900.0) for i in range(10)]
+
+    def unfit(changes: list[dict[str, Any]]) -> list[Trial]:
+        raise InvalidInput("the live engine has seen too few steps: 12 of 40", "source")
+
+    assert pilot.tick(100.0, Knobs(), recent, None, unfit) is None
+    assert pilot.state == "waiting" and "too few steps" in pilot.note
+
+
+def test_a_disabled_autopilot_does_nothing() -> None:
+    pilot = Autopilot(AutopilotSettings())
+    assert pilot.state == "off"
+    recent = [record(95 + 0.4 * i, 900.0) for i in range(10)]
+    assert pilot.tick(100.0, Knobs(), recent, None, fixed(0.0, 1.0)) is None
+
+
+@pytest.mark.parametrize(
+    ("values", "where"),
+    [
+        ({"ttft_p90_ms": 0}, "ttft_p90_ms"),
+        ({"tpot_p90_ms": -5}, "tpot_p90_ms"),
+        ({"knobs": {"kv_watermark": {"lo": 0, "hi": 1}}}, "knobs.kv_watermark"),
+        ({"knobs": {"max_num_seqs": {"lo": 0, "hi": 8}}}, "knobs.max_num_seqs"),
+        ({"knobs": {"max_num_seqs": {"lo": 9, "hi": 8}}}, "lo (9) must not exceed hi (8)"),
+    ],
+)
+def test_bad_settings_name_the_field(values: dict[str, Any], where: str) -> None:
+    with pytest.raises(ValidationError, match=where.replace("(", r"\(").replace(")", r"\)")):
+        AutopilotSettings.model_validate(values)
+
+
+def test_serve_flag_targets_parse() -> None:
+    assert parse_targets("ttft_p90_ms=800, tpot_p90_ms=60") == {
+        "enabled": True,
+        "ttft_p90_ms": 800.0,
+        "tpot_p90_ms": 60.0,
+    }
+    with pytest.raises(ValueError, match="ttft_p90_ms: 'fast' is not a number"):
+        parse_targets("ttft_p90_ms=fast")
+    with pytest.raises(ValueError, match="ttft_p90_ms"):
+        parse_targets("ttft_p90_ms=-1")

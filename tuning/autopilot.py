@@ -1,0 +1,305 @@
+"""The SLO autopilot's decisions: when to look, which knob set the twin predicts best, when to
+apply it, and when to roll a change back. Pure: the caller supplies the clock, the requests
+that ended lately, the attribution and a twin to evaluate candidates, and applies what it
+decides (`applied` / `refused` tell it how that went)."""
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import stats
+from engine.errors import InvalidInput
+from engine.knobs import Knobs
+from tuning.autopilot_moves import moves
+from tuning.autopilot_settings import AutopilotSettings
+from tuning.outcome import request_tpot_ms
+from tuning.tune import Trial
+
+MIN_REQUESTS = 5  # ended requests a window needs before its percentiles mean anything
+ROLLBACK_MARGIN = 0.05  # attainment this much worse after a change than before: undo it
+BAN_S = 120.0  # a rolled-back move is not tried again for this long
+MAX_BACKOFF = 8  # the gap between changes grows up to this many times after rollbacks
+JUDGE_WITHIN = 3  # observe_s periods to wait for enough requests to judge a change
+
+State = Literal["off", "waiting", "holding", "adjusting", "rolled back", "paused"]
+Action = Literal["change", "rollback", "hold"]
+Evaluate = Callable[[list[dict[str, Any]]], list[Trial]]
+
+
+@dataclass
+class Measured:
+    """Requests that ended in a window: how many, p90 TTFT and TPOT, SLO attainment."""
+
+    requests: int
+    ttft_p90_ms: float | None
+    tpot_p90_ms: float | None
+    attainment: float | None
+
+    @classmethod
+    def of(cls, records: list[dict[str, Any]], slo: stats.SLO) -> "Measured":
+        pairs = [(r["ttft_ms"], request_tpot_ms(r)) for r in records]
+        return cls(
+            len(records),
+            stats.percentile([t for t, _ in pairs if t is not None], 90),
+            stats.percentile([p for _, p in pairs if p is not None], 90),
+            stats.slo_attainment(pairs, slo),
+        )
+
+
+@dataclass
+class Decision:
+    """One tick's outcome. `changes` maps knob -> [old, new] for a change or a rollback."""
+
+    t: float
+    action: Action
+    reason: str
+    changes: dict[str, list[Any]] = field(default_factory=dict)
+    predicted: dict[str, Any] | None = None
+    version: int | None = None
+    refused: str | None = None
+
+    def knob_values(self) -> dict[str, Any]:
+        return {k: new for k, (_, new) in self.changes.items()}
+
+
+@dataclass
+class Pending:
+    """A change in force, waiting to be judged against what was measured before it."""
+
+    t: float
+    decision: Decision
+    before: Measured
+    move: tuple[str, int] | None
+
+
+class Autopilot:
+    """Holds the state between ticks; one tick every `settings.interval_s`."""
+
+    def __init__(self, settings: AutopilotSettings) -> None:
+        self.settings = settings
+        self.state: State = "off" if not settings.enabled else "waiting"
+        self.note = ""  # why it is in its state, in words
+        self.decisions: deque[Decision] = deque(maxlen=50)
+        self.pending: Pending | None = None
+        self.last_change_t = float("-inf")
+        self.last_look_t = float("-inf")
+        self.paused_until = float("-inf")
+        self.backoff = 1.0
+        self.banned: dict[tuple[str, int], float] = {}
+
+    def configure(self, settings: AutopilotSettings) -> None:
+        self.settings = settings
+        if not settings.enabled:
+            self.state, self.note, self.pending = "off", "", None
+        elif self.state == "off":
+            self.state, self.note = "waiting", "starting"
+
+    def person_changed(self, t: float, origin: str) -> None:
+        """A change someone else made: pause, and never judge or undo it as ours."""
+        if not self.settings.enabled:
+            return
+        self.paused_until = t + self.settings.pause_s
+        self.pending = None
+        self.state = "paused"
+        self.note = (
+            f"paused by a change from {origin!r} until {self.settings.pause_s:g} s after it; "
+            "the autopilot will not override it before then"
+        )
+
+    def tick(
+        self,
+        t: float,
+        knobs: Knobs,
+        recent: list[dict[str, Any]],
+        attribution: dict[str, Any] | None,
+        evaluate: Evaluate,
+    ) -> Decision | None:
+        """What to do now; `recent` are the RequestRecords that ended lately (at least since
+        the pending change), `attribution` the `summarize` of them (or None). A change or a
+        rollback is for the caller to apply; None means hold."""
+        s = self.settings
+        if not s.enabled:
+            return None
+        if t < self.paused_until:
+            return None
+        if self.state == "paused":
+            self.state, self.note = "holding", "resumed after a person's change"
+        if self.pending is not None:
+            if t < self.pending.t + s.observe_s:
+                self.state, self.note = "adjusting", "measuring the last change"
+                return None
+            rollback = self._judge(t, recent)
+            if rollback is not None or self.pending is not None:
+                return rollback
+        if t - self.last_change_t < s.min_gap_s * self.backoff:
+            return None
+        now = Measured.of([r for r in recent if r["finished_t"] >= t - s.observe_s], s.slo)
+        if now.requests < MIN_REQUESTS:
+            self.state, self.note = "holding", f"fewer than {MIN_REQUESTS} requests ended lately"
+            return None
+        violated = self._violated(now)
+        if not violated and t - self.last_look_t < s.explore_s:
+            self.state, self.note = "holding", "targets met"
+            return None
+        self.last_look_t = t
+        return self._choose(t, knobs, now, violated, attribution, evaluate)
+
+    def _violated(self, m: Measured) -> dict[str, str]:
+        """The targets missed, by metric ("ttft", "tpot"), in words."""
+        s, out = self.settings, {}
+        if m.ttft_p90_ms is not None and m.ttft_p90_ms > s.ttft_p90_ms:
+            out["ttft"] = f"p90 TTFT {ms_text(m.ttft_p90_ms)} > {ms_text(s.ttft_p90_ms)} target"
+        if m.tpot_p90_ms is not None and m.tpot_p90_ms > s.tpot_p90_ms:
+            out["tpot"] = f"p90 TPOT {ms_text(m.tpot_p90_ms)} > {ms_text(s.tpot_p90_ms)} target"
+        return out
+
+    def _choose(
+        self,
+        t: float,
+        knobs: Knobs,
+        now: Measured,
+        violated: dict[str, str],
+        attribution: dict[str, Any] | None,
+        evaluate: Evaluate,
+    ) -> Decision | None:
+        banned = {m for m, until in self.banned.items() if until > t}
+        candidates = moves(knobs, self.settings, dominant_causes(attribution), banned)
+        if not candidates:
+            self.state, self.note = "holding", "no move left within the bounds"
+            return None
+        try:
+            trials = evaluate([{}] + [c for c, _ in candidates])
+        except InvalidInput as exc:
+            self.state, self.note = "waiting", str(exc)
+            return None
+        current, rest = trials[0], trials[1:]
+        if current.outcome is None:
+            self.state, self.note = "waiting", current.refused or "the twin cannot run"
+            return None
+        scored = [(self.score(tr), tr, m) for tr, (_, m) in zip(rest, candidates, strict=True)]
+        scored = [x for x in scored if x[1].outcome is not None]
+        need = self.settings.gain * (1 if violated else 2)  # hysteresis: a met target holds
+        if not scored:
+            self.state, self.note = "holding", "the twin refused every candidate"
+            return None
+        score, best, move = max(scored, key=lambda x: x[0])
+        if score - self.score(current) < need:
+            self.state = "holding"
+            self.note = (
+                f"no candidate predicted to gain {need:.0%} attainment "
+                f"(best {score - self.score(current):+.1%})"
+            )
+            return None
+        old = knobs.model_dump()
+        changes = {k: [old[k], v] for k, v in best.changes.items()}
+        reason = change_reason(violated, attribution, changes, current, best)
+        decision = Decision(t, "change", reason, changes, predicted=prediction(best))
+        self.pending = Pending(t, decision, now, move)
+        return decision
+
+    def _judge(self, t: float, recent: list[dict[str, Any]]) -> Decision | None:
+        """Roll the pending change back if attainment fell since it, else accept it."""
+        pending = self.pending
+        assert pending is not None
+        # requests that arrived after the change ran wholly under it
+        after = Measured.of([r for r in recent if r["arrival"] >= pending.t], self.settings.slo)
+        before = pending.before.attainment
+        if after.requests < MIN_REQUESTS and t < pending.t + JUDGE_WITHIN * self.settings.observe_s:
+            self.state, self.note = "adjusting", "waiting for requests to judge the last change"
+            return None
+        self.pending = None
+        if before is None or after.attainment is None or after.requests < MIN_REQUESTS:
+            return None
+        if after.attainment >= before - ROLLBACK_MARGIN:
+            self.backoff = max(1.0, self.backoff / 2)
+            return None
+        if pending.move is not None:
+            self.banned[pending.move] = t + BAN_S
+        self.backoff = min(MAX_BACKOFF, self.backoff * 2)
+        undo = {k: [new, old] for k, (old, new) in pending.decision.changes.items()}
+        moves_text = ", ".join(f"{k} {a} → {b}" for k, (a, b) in undo.items())
+        reason = (
+            f"rolled back: SLO attainment {after.attainment:.0%} after the change, "
+            f"{before:.0%} before: {moves_text}; next change no sooner than "
+            f"{self.settings.min_gap_s * self.backoff:g} s"
+        )
+        self.state, self.note = "rolled back", reason
+        return Decision(t, "rollback", reason, undo)
+
+    def score(self, trial: Trial) -> float:
+        return (trial.slo_attainment or 0.0) + self.settings.goodput_weight * (
+            trial.goodput_rps or 0.0
+        )
+
+    def applied(self, decision: Decision, version: int) -> None:
+        decision.version = version
+        self.decisions.append(decision)
+        self.last_change_t = decision.t
+        if decision.action == "change":
+            self.state, self.note = "adjusting", decision.reason
+
+    def refused(self, decision: Decision, message: str) -> None:
+        """The engine refused the change: record it and keep going."""
+        decision.refused = message
+        self.decisions.append(decision)
+        self.pending = None
+        self.note = f"the engine refused {decision.knob_values()}: {message}"
+        self.state = "holding"
+
+    def status(self) -> dict[str, Any]:
+        last = self.decisions[-1] if self.decisions else None
+        return {
+            "state": self.state,
+            "note": self.note,
+            "paused_until": self.paused_until if self.state == "paused" else None,
+            "last_decision": None if last is None else vars(last),
+            "decisions": [vars(d) for d in reversed(self.decisions)],
+        }
+
+
+def dominant_causes(attribution: dict[str, Any] | None) -> list[str]:
+    """Causes of the tail's TTFT and TPOT, largest share first."""
+    if not attribution:
+        return []
+    shares = {**attribution.get("tpot_p90", {}), **attribution.get("ttft_p90", {})}
+    return sorted(shares, key=lambda c: -shares[c])
+
+
+def ms_text(ms: float) -> str:
+    return f"{ms / 1000:.1f} s" if ms >= 1000 else f"{ms:.0f} ms"
+
+
+def prediction(trial: Trial) -> dict[str, Any]:
+    out = trial.outcome or {}
+    return {
+        "ttft_p90_ms": out.get("ttft_p90_ms"),
+        "tpot_p90_ms": out.get("tpot_p90_ms"),
+        "slo_attainment": trial.slo_attainment,
+        "goodput_rps": trial.goodput_rps,
+    }
+
+
+def change_reason(
+    violated: dict[str, str],
+    attribution: dict[str, Any] | None,
+    changes: dict[str, list[Any]],
+    current: Trial,
+    best: Trial,
+) -> str:
+    """E.g. "p90 TTFT 1.9 s > 800 ms target (70% of p90 TTFT is queueing for a slot:
+    max_num_seqs): max_num_seqs 16 → 32, predicted p90 TTFT 600 ms, attainment 40% → 85%"."""
+    dominant = (attribution or {}).get("dominant") or {}
+    why = [
+        f"{text} ({d['text']})" if (d := dominant.get(metric)) else text
+        for metric, text in violated.items()
+    ] or ["targets met; the twin predicts better"]
+    what = ", ".join(f"{k} {a} → {b}" for k, (a, b) in changes.items())
+    p = prediction(best)
+    predicted = [
+        f"predicted p90 {m.upper()} {ms_text(p[f'{m}_p90_ms'])}"
+        for m in ("ttft", "tpot")
+        if p[f"{m}_p90_ms"] is not None
+    ]
+    attainment = f"attainment {current.slo_attainment or 0:.0%} → {best.slo_attainment or 0:.0%}"
+    return f"{', '.join(why)}: {what}, {', '.join([*predicted, attainment])}"
