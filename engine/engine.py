@@ -240,13 +240,14 @@ class LLMEngine:
         }
         return validate_knobs(values, context)
 
-    def update_knobs(self, origin: str = "api", **changes: Any) -> int:
-        """Validate a knob change as a whole; it applies at the next step boundary.
+    def update_knobs(self, origin: str = "api", reason: str | None = None, **changes: Any) -> int:
+        """Validate a knob change as a whole; it applies at the next step boundary, recorded
+        with `reason` (why, in words) when given.
 
         Returns the new knobs version (the current one when nothing changes); raises
         InvalidInput naming the field when the result would be invalid or inconsistent.
         """
-        return self.knob_versions.propose(changes, origin, self._validate_knobs)
+        return self.knob_versions.propose(changes, origin, self._validate_knobs, reason)
 
     def _apply_knobs(self) -> None:
         knobs = self.knob_versions.apply_pending()

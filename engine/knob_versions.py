@@ -33,7 +33,11 @@ class KnobVersions:
         return self._pending[-1][0] if self._pending else self.knobs
 
     def propose(
-        self, changes: dict[str, Any], origin: str, validate: Callable[[dict[str, Any]], Knobs]
+        self,
+        changes: dict[str, Any],
+        origin: str,
+        validate: Callable[[dict[str, Any]], Knobs],
+        reason: str | None = None,
     ) -> int:
         """Accept `changes` over the latest knobs if `validate` passes the whole set; returns
         the new version, or the current one when nothing changes."""
@@ -44,7 +48,9 @@ class KnobVersions:
             if not diff:
                 return self.version
             self.version += 1
-            change = KnobChange(version=self.version, t=time.time(), origin=origin, changes=diff)
+            change = KnobChange(
+                version=self.version, t=time.time(), origin=origin, changes=diff, reason=reason
+            )
             self._pending.append((new, change))
             return self.version
 

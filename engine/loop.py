@@ -38,6 +38,7 @@ class _Abort:
 class _KnobUpdate:
     changes: dict[str, Any]
     origin: str
+    reason: str | None
     future: "Future[int]"
 
 
@@ -141,7 +142,9 @@ class EngineLoop:
         """Stop a request at the next step boundary and free its KV blocks; no more outputs."""
         self._inbox.put(_Abort(request_id))
 
-    def update_knobs(self, changes: dict[str, Any], origin: str = "api") -> "Future[int]":
+    def update_knobs(
+        self, changes: dict[str, Any], origin: str = "api", reason: str | None = None
+    ) -> "Future[int]":
         """Validate a knob change on the engine thread; the future gives the new version.
 
         The future raises InvalidInput naming the field when the change is refused. An idle
@@ -149,7 +152,7 @@ class EngineLoop:
         """
         self._check_alive()
         future: Future[int] = Future()
-        self._inbox.put(_KnobUpdate(dict(changes), origin, future))
+        self._inbox.put(_KnobUpdate(dict(changes), origin, reason, future))
         return future
 
     def rebalance(
@@ -270,9 +273,10 @@ class EngineLoop:
 
     def _update_knobs(self, item: _KnobUpdate) -> None:
         try:
-            if "origin" in item.changes:
-                raise InvalidInput("origin: not a knob (pass the origin separately)", "origin")
-            version = self.engine.update_knobs(origin=item.origin, **item.changes)
+            for name in ("origin", "reason"):
+                if name in item.changes:
+                    raise InvalidInput(f"{name}: not a knob (pass it separately)", name)
+            version = self.engine.update_knobs(item.origin, item.reason, **item.changes)
         except Exception as exc:  # noqa: BLE001 - handed to the caller through the future
             item.future.set_exception(exc)
             return

@@ -101,12 +101,14 @@ class LatencyInfo(BaseModel):
 
 
 class KnobChange(BaseModel):
-    """One applied knob change: version, when, who, and {field: [old, new]}."""
+    """One applied knob change: version, when, who, {field: [old, new]} and why, in words
+    (the autopilot's reason; None when no reason was given)."""
 
     version: int
     t: float
     origin: str
     changes: dict[str, list[Any]]
+    reason: str | None = None
 
 
 class RequestRecord(BaseModel):

@@ -69,6 +69,7 @@ class KnobChangeRow(Base):
     t: Mapped[float]
     origin: Mapped[str] = mapped_column(String(64))
     changes: Mapped[dict[str, Any]]
+    reason: Mapped[str | None] = mapped_column(String(2000), default=None)
 
 
 class RequestRow(Base):

@@ -180,7 +180,7 @@ def recording(
 
 
 def knob_changes(store: Store, session_id: str) -> list[dict[str, Any]]:
-    """Applied knob changes in order: step, version, t, origin, {knob: [old, new]}."""
+    """Applied knob changes in order: step, version, t, origin, {knob: [old, new]}, reason."""
     query = (
         select(KnobChangeRow)
         .where(KnobChangeRow.session_id == session_id)
@@ -194,6 +194,7 @@ def knob_changes(store: Store, session_id: str) -> list[dict[str, Any]]:
                 "t": k.t,
                 "origin": k.origin,
                 "changes": k.changes,
+                "reason": k.reason,
             }
             for (k,) in conn.execute(query)
         ]

@@ -369,7 +369,8 @@ def _step_row(r: dict[str, Any]) -> dict[str, Any]:
 
 
 def _knob_row(r: dict[str, Any]) -> dict[str, Any]:
-    return {k: r[k] for k in ("session_id", "step", "version", "t", "origin", "changes")}
+    row = {k: r[k] for k in ("session_id", "step", "version", "t", "origin", "changes")}
+    return {**row, "reason": r.get("reason")}
 
 
 def _request_row(r: dict[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, insert, inspect, select
+from sqlalchemy import Engine, create_engine, event, insert, inspect, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
@@ -133,9 +133,23 @@ class Store:
                 f"the moescope version that wrote it."
             )
         if create:
-            # tables added since the database was made (the what-if scorecard) are created
-            # here, so an older database of this schema version stays usable
+            # tables (the what-if scorecard) and nullable columns (a knob change's reason)
+            # added since the database was made are created here, so an older database of
+            # this schema version stays usable
             Base.metadata.create_all(self.engine)
+            self._add_missing_columns()
+
+    def _add_missing_columns(self) -> None:
+        found = inspect(self.engine)
+        for table in Base.metadata.sorted_tables:
+            have = {c["name"] for c in found.get_columns(table.name)}
+            for column in table.columns:
+                if column.name in have:
+                    continue
+                assert column.nullable, f"{table.name}.{column.name}: a new column must be nullable"
+                kind = column.type.compile(dialect=self.engine.dialect)
+                with self.engine.begin() as conn:
+                    conn.execute(text(f"ALTER TABLE {table.name} ADD COLUMN {column.name} {kind}"))
 
     def close(self) -> None:
         self.engine.dispose()

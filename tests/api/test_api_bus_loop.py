@@ -110,7 +110,10 @@ def test_refused_requests_and_a_stopped_loop(loop: EngineLoop) -> None:
     with pytest.raises(InvalidInput, match="origin") as refused:
         loop.update_knobs({"origin": "x"}).result(TIMEOUT)
     assert refused.value.param == "origin"
-    assert loop.update_knobs({"max_num_seqs": 2}).result(TIMEOUT) == 2
+    with pytest.raises(InvalidInput, match="reason") as refused:
+        loop.update_knobs({"reason": "x"}).result(TIMEOUT)
+    assert refused.value.param == "reason"
+    assert loop.update_knobs({"max_num_seqs": 2}, "autopilot", "why").result(TIMEOUT) == 2
     assert loop.knobs.max_num_seqs == 2
     loop.stop()
     with pytest.raises(EngineDead):

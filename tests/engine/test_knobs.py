@@ -193,14 +193,14 @@ def test_every_accepted_change_is_recorded() -> None:
     """Two changes made between the same two steps are both applied and both logged."""
     engine = make_engine()
     assert engine.update_knobs(origin="alice", max_num_seqs=8) == 2
-    assert engine.update_knobs(origin="bob", kv_watermark=0.2) == 3
+    assert engine.update_knobs("bob", "watermark for bursts", kv_watermark=0.2) == 3
     telemetry = step(engine)
     assert telemetry.knobs_version == 3
     assert engine.knobs.max_num_seqs == 8
-    recorded = [(c.version, c.origin, c.changes) for c in telemetry.knob_changes]
+    recorded = [(c.version, c.origin, c.changes, c.reason) for c in telemetry.knob_changes]
     assert recorded == [
-        (2, "alice", {"max_num_seqs": [64, 8]}),
-        (3, "bob", {"kv_watermark": [0.01, 0.2]}),
+        (2, "alice", {"max_num_seqs": [64, 8]}, None),
+        (3, "bob", {"kv_watermark": [0.01, 0.2]}, "watermark for bursts"),
     ]
     assert engine.knob_changes == telemetry.knob_changes
 

@@ -24,7 +24,13 @@ def test_records_steps_knob_changes_and_requests_in_order(db_url: str) -> None:
     store = Store(db_url)
     rec, steps, requests = bare_recorder(store, batch_size=16)
     t0 = time.time()
-    change = {"version": 2, "t": t0, "origin": "test", "changes": {"max_num_seqs": [8, 4]}}
+    change = {
+        "version": 2,
+        "t": t0,
+        "origin": "autopilot",
+        "changes": {"max_num_seqs": [8, 4]},
+        "reason": "p90 TPOT 138 ms > 100 ms target",
+    }
     for i in range(100):
         steps.publish(step_record(i, t0 + i * 1e-3, knob_changes=[change] if i == 40 else None))
     requests.publish(request_record("r1", t0, 12, 30))

@@ -7,6 +7,7 @@ import pytest
 
 from api.cli import main
 from storage import SCHEMA_VERSION, IncompatibleSchema, StorageError, Store
+from storage import queries as q
 
 
 def _url(path: Path) -> str:
@@ -71,3 +72,23 @@ def test_a_database_from_before_the_scorecard_gets_its_table(tmp_path: Path) -> 
     with sqlite3.connect(path) as conn:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert "whatif_scorecard" in tables
+
+
+def test_a_database_from_before_knob_change_reasons_gets_the_column(tmp_path: Path) -> None:
+    path = tmp_path / "older.db"
+    Store(_url(path)).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("ALTER TABLE knob_changes DROP COLUMN reason")
+        conn.execute(
+            "INSERT INTO sessions (id, kind, model, engine_session, config, knobs, knobs_version,"
+            " started_t, dropped) VALUES ('s', 'server', 'm', 'e', '{}', '{}', 1, 0, 0)"
+        )
+        conn.execute(
+            "INSERT INTO knob_changes (session_id, step, version, t, origin, changes)"
+            " VALUES ('s', 3, 2, 1.0, 'api', '{}')"
+        )
+    store = Store(_url(path))
+    assert q.knob_changes(store, "s") == [
+        {"step": 3, "version": 2, "t": 1.0, "origin": "api", "changes": {}, "reason": None}
+    ]
+    store.close()
