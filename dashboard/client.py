@@ -1,4 +1,5 @@
-"""The dashboard's HTTP calls to the server (knobs, expert placement, sessions)."""
+"""The dashboard's HTTP calls to the server (knobs, expert placement, sessions, what-if,
+latency attribution)."""
 
 import os
 from typing import Any
@@ -150,3 +151,38 @@ def preview_knobs(url: str, changes: dict[str, Any], horizon_s: float) -> tuple[
 def get_scorecard(url: str, limit: int = 20) -> list[dict[str, Any]]:
     """GET /api/whatif/scorecard: applied knob changes, each predicted then observed."""
     return _get(url, "/api/whatif/scorecard", limit=limit)["entries"]
+
+
+ATTRIBUTION_TIMEOUT_S = 30.0  # the server attributes every request of the window on the call
+
+
+def get_attribution(url: str, window_s: float, bucket_s: float, recent: int) -> tuple[bool, Any]:
+    """GET /api/attribution: (True, the report on the requests that ended in the last
+    `window_s` seconds, by cause, in `bucket_s` buckets, with the latest `recent` timelines)
+    or (False, the server's message)."""
+    return _attribution(
+        url, "/api/attribution", window_s=window_s, bucket_s=bucket_s, recent=recent
+    )
+
+
+def get_session_attribution(
+    url: str, session_id: str, bucket_s: float, recent: int
+) -> tuple[bool, Any]:
+    """GET /api/sessions/{id}/attribution: (True, the report on the whole recorded session)
+    or (False, the server's message, e.g. that the recording is too old to attribute)."""
+    return _attribution(
+        url, f"/api/sessions/{session_id}/attribution", bucket_s=bucket_s, recent=recent
+    )
+
+
+def _attribution(url: str, path: str, **params: Any) -> tuple[bool, Any]:
+    try:
+        resp = httpx.get(
+            url.rstrip("/") + path,
+            params=params,
+            headers=_headers(),
+            timeout=ATTRIBUTION_TIMEOUT_S,
+        )
+    except httpx.HTTPError as exc:
+        return False, f"server unreachable: {exc}"
+    return (True, resp.json()) if resp.status_code == 200 else (False, _error(resp))

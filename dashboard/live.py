@@ -5,7 +5,7 @@ from typing import Any
 
 import streamlit as st
 
-from dashboard import charts
+from dashboard import charts, why_slow_panel
 from dashboard.client import (
     get_experts,
     get_knobs,
@@ -238,3 +238,4 @@ def page() -> None:
         knob_panel(url)
         rebalance_panel(url)
     live_view(stream_for(url), window)
+    why_slow_panel.live(url)

@@ -4,6 +4,7 @@ from typing import Any
 
 import streamlit as st
 
+from dashboard import why_slow_panel
 from dashboard.client import ws_url
 from dashboard.live import REFRESH_S, draw_charts
 from dashboard.session_picker import recorded_sessions
@@ -75,8 +76,10 @@ def page() -> None:
     stream: TelemetryStream | None = st.session_state.get("replay_stream")
     if play:
         stream = _open(url, chosen["id"], speed)
+        st.session_state["replayed"] = chosen
     if stream is None:
         st.info("choose a session and press Play")
         return
     controls(stream)
     replay_view(stream, window)
+    why_slow_panel.recorded(url, st.session_state["replayed"])

@@ -18,7 +18,8 @@ from engine.ep.ranks import free_port
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 VIEWPORT = {"width": 1600, "height": 3600}  # tall enough that a screenshot shows every panel
-MAIN_CHARTS = '[data-testid="stMain"] .js-plotly-plot'  # the panels (not the sidebar's)
+# the panels (not the sidebar's, nor the "Why slow?" panel's in its `why_...` container)
+MAIN_CHARTS = '[data-testid="stMain"] .js-plotly-plot:not([class*="st-key-why_"] *)'
 SIDEBAR_CHARTS = '[data-testid="stSidebar"] .js-plotly-plot'
 WAIT_MS = 60_000  # for the page to show something: generous, since only a hang should reach it
 
