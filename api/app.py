@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from api import (
+    attribution,
     control,
     experts,
     metrics,
@@ -77,9 +78,20 @@ def create_app(engine_loop: EngineLoop, settings: ServerSettings | None = None) 
     app.state.recorder = recorder
     app.state.rerun = None
     app.state.twins = twins
+    app.state.window = window
     app.state.scorecard = scorecard
     install_error_handlers(app)
-    routers = (openai_routes, control, experts, telemetry_ws, metrics, sessions, replay_ws, whatif)
+    routers = (
+        openai_routes,
+        control,
+        experts,
+        telemetry_ws,
+        metrics,
+        sessions,
+        replay_ws,
+        whatif,
+        attribution,
+    )
     for module in routers:
         app.include_router(module.router)
     app.add_middleware(

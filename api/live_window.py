@@ -4,6 +4,7 @@ requests, drained from the loop's buses by an asyncio task (never on the engine 
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from api.bus_reader import BusReader
@@ -16,14 +17,46 @@ from tuning.outcome import METRICS, StepCounts, outcome, step_counts, totals
 FIT_STEPS = 512
 MAX_COUNTS = 1 << 17  # per-step counts kept for observations (a bound on memory)
 MAX_RECORDS = 1 << 16  # ended requests kept
+# compact steps kept for latency attribution, which needs every step of a request's life: at
+# 5 ms a step, 80 s, past the requests kept (`keep_s`, 70 s by default) back to their arrival.
+# A step keeps its batch slots, about 200 B each: some 100 MB at 32 slots a step at most
+ATTRIBUTION_STEPS = 16384
 
 KnobChangeHook = Callable[[dict[str, Any], float], None]
 
 
+@dataclass(frozen=True)
+class AttributionView:
+    """A copy of what latency attribution reads from the window, taken on the event loop at
+    `t`: the compact steps and the requests that ended from `since` on. Every step that ended
+    after `kept_after` is there; a request that arrived before it fell out of the window."""
+
+    steps: list[dict[str, Any]]
+    records: list[dict[str, Any]]
+    kept_after: float
+    since: float
+    t: float
+
+
+def compact(step: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a StepTelemetry record that tuning.attribution reads."""
+    dur, batch, a2a = step["dur_ms"], step["batch"], step["a2a"]
+    return {
+        "v": step["v"],
+        "step": step["step"],
+        "t": step["t"],
+        "dur_ms": {"total": dur["total"], "moe": dur["moe"]},
+        "batch": {k: batch[k] for k in ("num_prefill_tokens", "num_decode_tokens", "slots")},
+        "a2a": {"ep_size": a2a["ep_size"], "imbalance": a2a["imbalance"]},
+        "sched": step["sched"],
+    }
+
+
 class LiveWindow(BusReader):
-    """Bounded: the last FIT_STEPS StepTelemetry records, and the StepCounts and RequestRecords
-    of the last `keep_s` seconds. `on_change(change, t)` hears each applied knob change (a
-    KnobChange dict touching a knob) with the time of the step that reported it."""
+    """Bounded: the last FIT_STEPS StepTelemetry records, the last ATTRIBUTION_STEPS of them
+    compacted, and the StepCounts and RequestRecords of the last `keep_s` seconds.
+    `on_change(change, t)` hears each applied knob change (a KnobChange dict touching a knob)
+    with the time of the step that reported it."""
 
     def __init__(self, engine_loop: EngineLoop, keep_s: float) -> None:
         super().__init__(engine_loop)
@@ -31,6 +64,8 @@ class LiveWindow(BusReader):
         self.steps: deque[dict[str, Any]] = deque(maxlen=FIT_STEPS)
         self.counts: deque[StepCounts] = deque(maxlen=MAX_COUNTS)
         self.records: deque[dict[str, Any]] = deque(maxlen=MAX_RECORDS)
+        self.attributable: deque[dict[str, Any]] = deque(maxlen=ATTRIBUTION_STEPS)
+        self.kept_after = 0.0  # every step that ended after this is in `attributable`
         self.started_t = time.time()
         self.on_change: KnobChangeHook | None = None
 
@@ -41,9 +76,12 @@ class LiveWindow(BusReader):
 
     def drain(self) -> None:
         """Take in what the buses hold; call on the event loop (hooks may start tasks)."""
-        steps, ended, _ = self.take()
+        steps, ended, dropped = self.take()
+        if dropped and steps:  # the buses lost records, perhaps steps before these
+            self.kept_after = max(self.kept_after, steps[0]["t"])
         for step in steps:
             self.steps.append(step)
+            self._keep_compact(step)
             self.counts.append(step_counts(step))
             for change in step.get("knob_changes") or ():
                 if self.on_change is not None and set(change["changes"]) & set(Knobs.model_fields):
@@ -54,6 +92,22 @@ class LiveWindow(BusReader):
             self.counts.popleft()
         while self.records and self.records[0]["finished_t"] < oldest:
             self.records.popleft()
+
+    def _keep_compact(self, step: dict[str, Any]) -> None:
+        if len(self.attributable) == self.attributable.maxlen:
+            self.kept_after = self.attributable[0]["t"]
+        self.attributable.append(compact(step))
+
+    def attribution_view(self) -> AttributionView:
+        """A copy for attribution off the event loop (take it on the loop, after `drain`)."""
+        now = time.time()
+        return AttributionView(
+            list(self.attributable),
+            list(self.records),
+            self.kept_after,
+            max(self.started_t, now - self.keep_s),
+            now,
+        )
 
     def observe(self, t0: float, t1: float) -> dict[str, Any]:
         """METRICS of the requests that ended and the steps that ran between t0 and t1 (the

@@ -58,7 +58,7 @@ def require_store(request: Request) -> Store:
     return store
 
 
-def _found(session_id: str) -> APIError:
+def session_not_found(session_id: str) -> APIError:
     return APIError(404, f"no session {session_id!r}", "session_id")
 
 
@@ -66,7 +66,7 @@ def _require(store: Store, session_id: str) -> None:
     try:
         q.require_session(store, session_id)
     except SessionNotFound:
-        raise _found(session_id) from None
+        raise session_not_found(session_id) from None
 
 
 @router.get("/api/sessions")
@@ -88,7 +88,7 @@ def get_session(request: Request, session_id: str) -> dict[str, Any]:
     try:
         out = q.get_session(require_store(request), session_id)
     except SessionNotFound:
-        raise _found(session_id) from None
+        raise session_not_found(session_id) from None
     rerun: Rerun | None = request.app.state.rerun
     recorder: Recorder | None = request.app.state.recorder
     out["recording"] = recorder is not None and session_id == recorder.current_session
@@ -138,7 +138,7 @@ def delete_session(request: Request, session_id: str) -> dict[str, Any]:
     try:
         q.delete_session(require_store(request), session_id)
     except SessionNotFound:
-        raise _found(session_id) from None
+        raise session_not_found(session_id) from None
     return {"deleted": session_id}
 
 
@@ -154,7 +154,7 @@ def label_session(request: Request, session_id: str, body: LabelBody) -> dict[st
     try:
         q.set_label(require_store(request), session_id, label)
     except SessionNotFound:
-        raise _found(session_id) from None
+        raise session_not_found(session_id) from None
     return {"session": session_id, "label": label}
 
 
@@ -206,7 +206,7 @@ async def rerun_session(
         if not records:
             await asyncio.to_thread(q.require_session, store, session_id)
     except SessionNotFound:
-        raise _found(session_id) from None
+        raise session_not_found(session_id) from None
     if not records:
         raise APIError(
             422, f"session {session_id!r} has no recorded requests to rerun", "session_id"

@@ -8,7 +8,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from api.attribution_text import attribution_table
 from api.cli_args import describe, int_at_least, non_negative
+from api.session_attribution import session_report
 from storage import DEFAULT_URL, SessionNotFound, SessionOpen, StorageError, Store
 from storage import queries as q
 from storage.export import TABLES, write_jsonl, write_parquet
@@ -52,6 +54,9 @@ def cmd_list(store: Store, args: argparse.Namespace) -> None:
 
 
 def cmd_show(store: Store, args: argparse.Namespace) -> None:
+    if args.attribution:
+        show_attribution(store, args)
+        return
     s = q.get_session(store, args.id)
     if args.json:
         print(json.dumps(s, indent=2))
@@ -76,6 +81,12 @@ def cmd_show(store: Store, args: argparse.Namespace) -> None:
     print(f"{'knobs at start':<16}{json.dumps(s['knobs'])}")
     if s["reruns"]:
         print(f"{'reruns':<16}{', '.join(s['reruns'])}")
+
+
+def show_attribution(store: Store, args: argparse.Namespace) -> None:
+    """The whole session's attribution report (InvalidInput for an old recording)."""
+    report = session_report(store, args.id)
+    print(json.dumps(report, indent=2) if args.json else attribution_table(report))
 
 
 def cmd_export(store: Store, args: argparse.Namespace) -> None:
@@ -176,6 +187,11 @@ def add_session_commands(sub: argparse._SubParsersAction) -> None:
     p = actions.add_parser("show", help="one session's summary")
     p.add_argument("id")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--attribution",
+        action="store_true",
+        help="why requests were slow: each cause's share of TTFT and TPOT, overall and at p90",
+    )
     p.set_defaults(func=with_store(cmd_show))
     p = actions.add_parser("export", help="a session to JSONL (everything) or Parquet (a table)")
     p.add_argument("id")

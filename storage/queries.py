@@ -148,24 +148,33 @@ def steps(
     end: int | None = None,
     limit: int = MAX_STEPS_PER_QUERY,
     every: int = 1,
+    t0: float | None = None,
+    t1: float | None = None,
 ) -> list[dict[str, Any]]:
-    """Telemetry records with start <= step <= end (either open), in step order."""
+    """Telemetry records with start <= step <= end and t0 <= t <= t1 (any open), in step order."""
     query = select(StepRow.data).where(StepRow.session_id == session_id)
     if start is not None:
         query = query.where(StepRow.step >= start)
     if end is not None:
         query = query.where(StepRow.step <= end)
+    if t0 is not None:
+        query = query.where(StepRow.t >= t0)
+    if t1 is not None:
+        query = query.where(StepRow.t <= t1)
     if every > 1:
         query = query.where(StepRow.step % every == 0)
     with Session(store.engine) as conn:
         return list(conn.execute(query.order_by(StepRow.step).limit(limit)).scalars())
 
 
-def all_steps(store: Store, session_id: str) -> list[dict[str, Any]]:
-    """Every telemetry record of a session in step order, read a page at a time."""
+def all_steps(
+    store: Store, session_id: str, t0: float | None = None, t1: float | None = None
+) -> list[dict[str, Any]]:
+    """Every telemetry record of a session (with t0 <= t <= t1, either open) in step order,
+    read a page at a time."""
     out: list[dict[str, Any]] = []
     while True:
-        page = steps(store, session_id, out[-1]["step"] + 1 if out else None)
+        page = steps(store, session_id, out[-1]["step"] + 1 if out else None, t0=t0, t1=t1)
         out += page
         if len(page) < MAX_STEPS_PER_QUERY:
             return out
@@ -200,15 +209,39 @@ def knob_changes(store: Store, session_id: str) -> list[dict[str, Any]]:
         ]
 
 
-def requests(store: Store, session_id: str) -> list[dict[str, Any]]:
-    """Request records in arrival order."""
+def requests(
+    store: Store,
+    session_id: str,
+    ended_from: float | None = None,
+    ended_to: float | None = None,
+) -> list[dict[str, Any]]:
+    """Request records (those that ended between ended_from and ended_to, either open) in
+    arrival order."""
+    query = select(RequestRow).where(RequestRow.session_id == session_id)
+    if ended_from is not None:
+        query = query.where(RequestRow.finished_t >= ended_from)
+    if ended_to is not None:
+        query = query.where(RequestRow.finished_t <= ended_to)
+    with Session(store.engine) as conn:
+        rows = conn.execute(query.order_by(RequestRow.arrival, RequestRow.id))
+        return [_request_dict(r) for (r,) in rows]
+
+
+def request_record(store: Store, session_id: str, req: str) -> dict[str, Any] | None:
+    """The record of request `req` (the one that ended last, should an id have been reused)."""
     query = (
         select(RequestRow)
-        .where(RequestRow.session_id == session_id)
-        .order_by(RequestRow.arrival, RequestRow.id)
+        .where(RequestRow.session_id == session_id, RequestRow.req == req)
+        .order_by(RequestRow.finished_t.desc())
+        .limit(1)
     )
     with Session(store.engine) as conn:
-        return [{f: getattr(r, f) for f in REQUEST_FIELDS} for (r,) in conn.execute(query)]
+        row = conn.execute(query).scalar()
+        return None if row is None else _request_dict(row)
+
+
+def _request_dict(r: RequestRow) -> dict[str, Any]:
+    return {f: getattr(r, f) for f in REQUEST_FIELDS}
 
 
 def delete_session(store: Store, session_id: str, only_ended: bool = False) -> None:

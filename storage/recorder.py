@@ -113,6 +113,11 @@ class Recorder:
     def current_session(self) -> str | None:
         return self._owners[-1] if self._owners else None
 
+    def session_at(self, t: float) -> str | None:
+        """The session that a request arriving at `t` is recorded in (None before `start`)."""
+        with self._lock:
+            return self._owner(t) if self._owners else None
+
     def _open(self, session_id: str, kind: str, now: float, meta: dict[str, Any]) -> None:
         row = {
             "id": session_id,
