@@ -8,6 +8,7 @@ from fastapi import FastAPI
 
 from api import (
     attribution,
+    autopilot,
     control,
     experts,
     metrics,
@@ -18,6 +19,7 @@ from api import (
     whatif,
 )
 from api.auth import GuardMiddleware
+from api.autopilot_runner import AutopilotRunner
 from api.errors import install_error_handlers
 from api.live_window import LiveWindow
 from api.metrics import Metrics
@@ -42,7 +44,8 @@ def create_app(engine_loop: EngineLoop, settings: ServerSettings | None = None) 
     window = LiveWindow(engine_loop, keep_s=max(ARRIVAL_WINDOW_S, settings.whatif_horizon_s) + 10)
     twins = Twins(engine_loop, window, store)
     scorecard = Scorecard(twins, window, engine_loop.engine.session, settings.whatif_horizon_s)
-    window.on_change = scorecard.watch
+    pilot = AutopilotRunner(engine_loop, window, settings.autopilot)
+    window.change_hooks += [scorecard.watch, pilot.knob_changed]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -56,11 +59,12 @@ def create_app(engine_loop: EngineLoop, settings: ServerSettings | None = None) 
         if app.state.metrics is not None:
             task = asyncio.create_task(app.state.metrics.run(settings.metrics_interval_s))
         window_task = asyncio.create_task(window.run(WINDOW_DRAIN_S))
+        pilot_task = asyncio.create_task(pilot.run())
         try:
             yield
         finally:
             rerun = app.state.rerun.task if app.state.rerun else None
-            tasks = [t for t in (task, window_task, rerun) if t]
+            tasks = [t for t in (task, window_task, pilot_task, rerun) if t]
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -80,6 +84,7 @@ def create_app(engine_loop: EngineLoop, settings: ServerSettings | None = None) 
     app.state.twins = twins
     app.state.window = window
     app.state.scorecard = scorecard
+    app.state.autopilot = pilot
     install_error_handlers(app)
     routers = (
         openai_routes,
@@ -91,6 +96,7 @@ def create_app(engine_loop: EngineLoop, settings: ServerSettings | None = None) 
         replay_ws,
         whatif,
         attribution,
+        autopilot,
     )
     for module in routers:
         app.include_router(module.router)

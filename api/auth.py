@@ -11,6 +11,7 @@ from api.errors import error_body
 
 ADMIN_ROUTES = (
     ("PATCH", re.compile(r"/api/knobs")),
+    ("PUT", re.compile(r"/api/autopilot")),
     ("POST", re.compile(r"/api/experts/rebalance")),
     ("DELETE", re.compile(r"/api/sessions/[^/]+")),
     ("POST", re.compile(r"/api/sessions/[^/]+/(rerun|label)")),

@@ -14,7 +14,7 @@ import uvicorn
 from uvicorn.config import LOG_LEVELS
 
 from api.app import create_app
-from api.cli_args import describe, int_at_least, non_negative, port, positive
+from api.cli_args import autopilot_targets, describe, int_at_least, non_negative, port, positive
 from api.demo import run_demo
 from api.loadgen import add_load_arguments, main_load, percentiles_text
 from api.server import build_loop, config_from_args
@@ -28,6 +28,7 @@ from engine.model.tokenizer import NoTokenizer
 from engine.outputs import RequestOutput
 from stats import summary
 from storage import StorageError
+from tuning.autopilot_settings import AutopilotSettings
 
 ENGINE_ERRORS = (ValueError, RuntimeError)
 WORDS = ["expert", "token", "router", "batch", "cache", "step", "layer", "prefill"]
@@ -137,6 +138,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         record=not args.no_record,
         record_buffer=args.record_buffer,
         whatif_horizon_s=args.whatif_horizon,
+        autopilot=args.autopilot or AutopilotSettings(),
     )
     if args.host not in ("127.0.0.1", "localhost", "::1") and settings.api_key is None:
         print(f"warning: serving on {args.host} without an API key", file=sys.stderr)
@@ -235,6 +237,14 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         default=60.0,
         metavar="S",
         help="seconds after a knob change at which the what-if scorecard observes it",
+    )
+    p.add_argument(
+        "--autopilot",
+        type=autopilot_targets,
+        default=None,
+        metavar="TARGETS",
+        help="hold SLO targets by retuning knobs live, e.g. ttft_p90_ms=800,tpot_p90_ms=60 "
+        "(any GET/PUT /api/autopilot setting may be given)",
     )
     p.add_argument(
         "--threads",

@@ -12,6 +12,8 @@ from typing import TypeVar
 
 import pydantic
 
+from tuning.autopilot_settings import AutopilotSettings, parse_targets
+
 T = TypeVar("T")
 
 
@@ -52,3 +54,11 @@ def describe(exc: BaseException) -> str:
         # the errno's own text: pyarrow puts a whole message in strerror
         return os.strerror(exc.errno) if exc.errno else str(exc.strerror)
     return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def autopilot_targets(text: str) -> AutopilotSettings:
+    """`--autopilot ttft_p90_ms=800,tpot_p90_ms=60`: enabled autopilot settings."""
+    try:
+        return parse_targets(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

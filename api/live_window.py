@@ -55,8 +55,8 @@ def compact(step: dict[str, Any]) -> dict[str, Any]:
 class LiveWindow(BusReader):
     """Bounded: the last FIT_STEPS StepTelemetry records, the last ATTRIBUTION_STEPS of them
     compacted, and the StepCounts and RequestRecords of the last `keep_s` seconds.
-    `on_change(change, t)` hears each applied knob change (a KnobChange dict touching a knob)
-    with the time of the step that reported it."""
+    Each of `change_hooks`, `hook(change, t)`, hears each applied knob change (a KnobChange
+    dict touching a knob) with the time of the step that reported it."""
 
     def __init__(self, engine_loop: EngineLoop, keep_s: float) -> None:
         super().__init__(engine_loop)
@@ -67,7 +67,7 @@ class LiveWindow(BusReader):
         self.attributable: deque[dict[str, Any]] = deque(maxlen=ATTRIBUTION_STEPS)
         self.kept_after = 0.0  # every step that ended after this is in `attributable`
         self.started_t = time.time()
-        self.on_change: KnobChangeHook | None = None
+        self.change_hooks: list[KnobChangeHook] = []
 
     def subscribe(self) -> None:
         """Start listening (before the engine starts, so that no step is missed)."""
@@ -84,8 +84,9 @@ class LiveWindow(BusReader):
             self._keep_compact(step)
             self.counts.append(step_counts(step))
             for change in step.get("knob_changes") or ():
-                if self.on_change is not None and set(change["changes"]) & set(Knobs.model_fields):
-                    self.on_change(change, step["t"])
+                if set(change["changes"]) & set(Knobs.model_fields):
+                    for hook in self.change_hooks:
+                        hook(change, step["t"])
         self.records.extend(ended)
         oldest = time.time() - self.keep_s
         while self.counts and self.counts[0].t < oldest:

@@ -1,7 +1,9 @@
 """Server settings: what the app needs besides the engine loop."""
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from tuning.autopilot_settings import AutopilotSettings
 
 
 @dataclass
@@ -13,6 +15,7 @@ class ServerSettings:
     `db_url` is the session database (None: no session routes); `record` turns the recorder
     on, buffering up to `record_buffer` steps while the database is slow or gone.
     `whatif_horizon_s` is how long after an applied knob change the scorecard observes it.
+    `autopilot` is the SLO autopilot's settings at start (off unless enabled).
     """
 
     model_name: str = "synthetic:tiny"
@@ -30,6 +33,7 @@ class ServerSettings:
     record_buffer: int = 2048
     db_timeout_s: float = 5.0
     whatif_horizon_s: float = 60.0
+    autopilot: AutopilotSettings = field(default_factory=AutopilotSettings)
 
     @classmethod
     def from_env(cls, **overrides: object) -> "ServerSettings":

@@ -3,6 +3,7 @@ apply it, and when to roll a change back. Pure: the caller supplies the clock, t
 that ended lately, the attribution and a twin to evaluate candidates, and applies what it
 decides (`applied` / `refused` tell it how that went)."""
 
+import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,6 +17,8 @@ from tuning.autopilot_settings import AutopilotSettings
 from tuning.outcome import request_tpot_ms
 from tuning.tune import Trial
 
+EXCESS_WEIGHT = 0.1  # halving a p90 above its target scores 7 points of attainment
+BACKLOG_WEIGHT = 0.5  # a queue left at the horizon of half the requests costs 25 points
 MIN_REQUESTS = 5  # ended requests a window needs before its percentiles mean anything
 ROLLBACK_MARGIN = 0.05  # attainment this much worse after a change than before: undo it
 BAN_S = 120.0  # a rolled-back move is not tried again for this long
@@ -139,8 +142,9 @@ class Autopilot:
             self.state, self.note = "holding", f"fewer than {MIN_REQUESTS} requests ended lately"
             return None
         violated = self._violated(now)
-        if not violated and t - self.last_look_t < s.explore_s:
-            self.state, self.note = "holding", "targets met"
+        if t - self.last_look_t < (s.look_s if violated else s.explore_s):
+            self.state = "holding"
+            self.note = "; ".join(violated.values()) or "targets met"
             return None
         self.last_look_t = t
         return self._choose(t, knobs, now, violated, attribution, evaluate)
@@ -187,8 +191,8 @@ class Autopilot:
         if score - self.score(current) < need:
             self.state = "holding"
             self.note = (
-                f"no candidate predicted to gain {need:.0%} attainment "
-                f"(best {score - self.score(current):+.1%})"
+                f"no candidate predicted to gain {need:.2f} in score "
+                f"(best {score - self.score(current):+.3f})"
             )
             return None
         old = knobs.model_dump()
@@ -228,9 +232,24 @@ class Autopilot:
         return Decision(t, "rollback", reason, undo)
 
     def score(self, trial: Trial) -> float:
-        return (trial.slo_attainment or 0.0) + self.settings.goodput_weight * (
-            trial.goodput_rps or 0.0
+        """SLO attainment, plus goodput by its weight, less EXCESS_WEIGHT for each e-fold a
+        predicted p90 lies above its target and BACKLOG_WEIGHT times the share of requests
+        still waiting at the horizon: when every request already misses (a queue waited too
+        long), attainment alone cannot tell a setting that drains it faster."""
+        s, out = self.settings, trial.outcome or {}
+        excess = sum(
+            math.log(p90 / target)
+            for p90, target in (
+                (out.get("ttft_p90_ms"), s.ttft_p90_ms),
+                (out.get("tpot_p90_ms"), s.tpot_p90_ms),
+            )
+            if p90 is not None and p90 > target
         )
+        total = len(out.get("latencies_ms", [])) + out.get("unfinished", 0)
+        backlog = out.get("queue_at_end", 0) / total if total else 0.0
+        attainment = trial.slo_attainment or 0.0
+        goodput = s.goodput_weight * (trial.goodput_rps or 0.0)
+        return attainment + goodput - EXCESS_WEIGHT * excess - BACKLOG_WEIGHT * backlog
 
     def applied(self, decision: Decision, version: int) -> None:
         decision.version = version
@@ -275,6 +294,7 @@ def prediction(trial: Trial) -> dict[str, Any]:
     return {
         "ttft_p90_ms": out.get("ttft_p90_ms"),
         "tpot_p90_ms": out.get("tpot_p90_ms"),
+        "queue_at_end": out.get("queue_at_end"),
         "slo_attainment": trial.slo_attainment,
         "goodput_rps": trial.goodput_rps,
     }
@@ -295,11 +315,14 @@ def change_reason(
         for metric, text in violated.items()
     ] or ["targets met; the twin predicts better"]
     what = ", ".join(f"{k} {a} → {b}" for k, (a, b) in changes.items())
-    p = prediction(best)
+    now, then = prediction(current), prediction(best)
     predicted = [
-        f"predicted p90 {m.upper()} {ms_text(p[f'{m}_p90_ms'])}"
+        f"p90 {m.upper()} {ms_text(now[f'{m}_p90_ms'])} → {ms_text(then[f'{m}_p90_ms'])}"
         for m in ("ttft", "tpot")
-        if p[f"{m}_p90_ms"] is not None
+        if now[f"{m}_p90_ms"] is not None and then[f"{m}_p90_ms"] is not None
     ]
-    attainment = f"attainment {current.slo_attainment or 0:.0%} → {best.slo_attainment or 0:.0%}"
-    return f"{', '.join(why)}: {what}, {', '.join([*predicted, attainment])}"
+    predicted.append(f"queued at the horizon {now['queue_at_end']} → {then['queue_at_end']}")
+    predicted.append(
+        f"attainment {now['slo_attainment'] or 0:.0%} → {then['slo_attainment'] or 0:.0%}"
+    )
+    return f"{', '.join(why)}: {what}; predicted {', '.join(predicted)}"

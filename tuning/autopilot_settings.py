@@ -2,9 +2,10 @@
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 import stats
+from engine.errors import InvalidInput
 from engine.knobs import Knobs
 
 MOVABLE = ("max_num_seqs", "max_num_batched_tokens", "prefill_chunk_size")
@@ -21,7 +22,7 @@ class Bounds(BaseModel):
     @model_validator(mode="after")
     def _ordered(self) -> "Bounds":
         if self.lo > self.hi:
-            raise ValueError(f"lo ({self.lo}) must not exceed hi ({self.hi})")
+            raise InvalidInput(f"lo ({self.lo}) must not exceed hi ({self.hi})", "lo")
         return self
 
 
@@ -52,16 +53,21 @@ class AutopilotSettings(BaseModel):
         60.0, ge=0, le=86400, description="a person's change pauses it this long"
     )
     horizon_s: float = Field(15.0, gt=0, le=600, description="what the twin simulates ahead")
+    look_s: float = Field(5.0, gt=0, le=3600, description="ask the twin at most this often")
     explore_s: float = Field(30.0, gt=0, le=3600, description="look for gains this often when met")
 
     @model_validator(mode="after")
     def _knobs_in_range(self) -> "AutopilotSettings":
         for name, bounds in self.knobs.items():
             if name not in MOVABLE:
-                raise ValueError(f"knobs.{name}: the autopilot moves only {', '.join(MOVABLE)}")
+                raise InvalidInput(
+                    f"knobs.{name}: the autopilot moves only {', '.join(MOVABLE)}", f"knobs.{name}"
+                )
             low, high = knob_range(name)
             if bounds.lo < low or bounds.hi > high:
-                raise ValueError(f"knobs.{name}: bounds must lie within [{low}, {high}]")
+                raise InvalidInput(
+                    f"knobs.{name}: bounds must lie within [{low}, {high}]", f"knobs.{name}"
+                )
         return self
 
     @property
@@ -78,9 +84,9 @@ def knob_range(name: str) -> tuple[int, int]:
     return low, high
 
 
-def parse_targets(text: str) -> dict[str, Any]:
-    """`ttft_p90_ms=800,tpot_p90_ms=60` (as `moescope serve --autopilot` takes it) as settings
-    fields, enabled; ValueError naming a bad entry."""
+def parse_targets(text: str) -> AutopilotSettings:
+    """`ttft_p90_ms=800,tpot_p90_ms=60` (as `moescope serve --autopilot` takes it) as enabled
+    settings; ValueError naming a bad entry."""
     out: dict[str, Any] = {"enabled": True}
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, sep, value = part.partition("=")
@@ -90,5 +96,9 @@ def parse_targets(text: str) -> dict[str, Any]:
             out[name.strip()] = float(value)
         except ValueError:
             raise ValueError(f"{name.strip()}: {value!r} is not a number") from None
-    AutopilotSettings.model_validate(out)
-    return out
+    try:
+        return AutopilotSettings.model_validate(out)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(map(str, first["loc"]))
+        raise ValueError(f"{where}: {first['msg']}" if where else first["msg"]) from None

@@ -48,6 +48,9 @@ USAGE_ERRORS = [
     (["serve", "--log-level", "loud"], "--log-level: invalid choice: 'loud'"),
     (["serve", "--max-num-seqs", "0"], "--max-num-seqs: must be an integer >= 1"),
     (["serve", "--device", "tpu"], "--device: must be cpu, cuda or cuda:N, got 'tpu'"),
+    (["serve", "--autopilot", "ttft_p90_ms=0"], "--autopilot: ttft_p90_ms: Input should be"),
+    (["serve", "--autopilot", "ttft=5"], "--autopilot: ttft: Extra inputs are not permitted"),
+    (["serve", "--autopilot", "tpot_p90_ms"], "--autopilot: 'tpot_p90_ms': expected name=value"),
     (["demo", "--port", "-5"], "--port: must be a port number from 1 to 65535"),
     (["demo", "--dashboard-port", "65536"], "--dashboard-port: must be a port number"),
     (["demo", "--rate", "nan"], "--rate: must be a finite number > 0"),
@@ -79,6 +82,8 @@ def test_good_values_still_parse() -> None:
     )
     assert (args.port, args.threads, args.log_level, args.device) == (65535, 1, "info", "cpu")
     assert build_parser().parse_args(["serve"]).threads is None
+    pilot = build_parser().parse_args(["serve", "--autopilot", "ttft_p90_ms=800,tpot_p90_ms=60"])
+    assert pilot.autopilot.enabled and pilot.autopilot.ttft_p90_ms == 800.0
     args = build_parser().parse_args(["load", "--rate", "0.5", "--duration", "0"])
     assert (args.rate, args.duration) == (0.5, 0.0)
 

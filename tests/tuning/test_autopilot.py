@@ -152,7 +152,7 @@ def test_a_persons_change_pauses_it_and_it_resumes_after() -> None:
 
 
 def test_a_refused_change_is_recorded_and_it_keeps_going() -> None:
-    pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50, min_gap_s=0.0))
+    pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50, min_gap_s=0.0, look_s=1.0))
     knobs = Knobs(max_num_seqs=8)
     recent = [record(95 + 0.4 * i, 900.0) for i in range(10)]
     decision = pilot.tick(100.0, knobs, recent, None, fixed(0.0, 0.9))
@@ -197,11 +197,8 @@ def test_bad_settings_name_the_field(values: dict[str, Any], where: str) -> None
 
 
 def test_serve_flag_targets_parse() -> None:
-    assert parse_targets("ttft_p90_ms=800, tpot_p90_ms=60") == {
-        "enabled": True,
-        "ttft_p90_ms": 800.0,
-        "tpot_p90_ms": 60.0,
-    }
+    got = parse_targets("ttft_p90_ms=800, tpot_p90_ms=60")
+    assert (got.enabled, got.ttft_p90_ms, got.tpot_p90_ms) == (True, 800.0, 60.0)
     with pytest.raises(ValueError, match="ttft_p90_ms: 'fast' is not a number"):
         parse_targets("ttft_p90_ms=fast")
     with pytest.raises(ValueError, match="ttft_p90_ms"):

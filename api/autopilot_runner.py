@@ -1,0 +1,185 @@
+"""The SLO autopilot on the server: every interval it reads the live window, attributes the
+recent requests, asks the live twin about a few knob sets on a low-priority worker thread
+(never the engine thread, never the event loop) and applies its choice through
+`update_knobs(origin="autopilot", reason=...)`."""
+
+import asyncio
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from api.control import engine_description
+from api.live_attribution import live_report
+from api.live_window import AttributionView, LiveWindow
+from engine.errors import InvalidInput
+from engine.loop import EngineDead, EngineLoop
+from engine.queue_snapshot import QueueSnapshot
+from tuning.autopilot import Autopilot, Decision
+from tuning.autopilot_settings import AutopilotSettings
+from tuning.live import arrival_window, twin_from_live
+from tuning.tune import Trial, evaluate
+
+ORIGIN = "autopilot"
+NICE = 19  # the twin's thread yields the cores to the engine
+
+
+def _low_priority() -> None:
+    """Renice the calling thread (Linux renices one thread by its id); elsewhere leave it."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
+
+
+class AutopilotRunner:
+    """One server's autopilot. The event loop and the worker share `pilot` under `_lock`,
+    which a tick lets go of while the twin runs, so that a PUT or a person's knob change is
+    taken at once; a tick whose settings or pause changed meanwhile is dropped."""
+
+    def __init__(
+        self, engine_loop: EngineLoop, window: LiveWindow, settings: AutopilotSettings
+    ) -> None:
+        self.engine_loop = engine_loop
+        self.window = window
+        self.pilot = Autopilot(settings)
+        self._lock = threading.Lock()
+        self._generation = 0  # bumped by every configure and person's change
+        self._executor = ThreadPoolExecutor(1, "autopilot", initializer=_low_priority)
+        self.cpu_s = 0.0  # the worker's CPU time over every tick
+        self.ticks = 0
+
+    @property
+    def settings(self) -> AutopilotSettings:
+        return self.pilot.settings
+
+    def configure(self, settings: AutopilotSettings) -> None:
+        with self._lock:
+            self._generation += 1
+            self.pilot.configure(settings)
+
+    def knob_changed(self, change: dict[str, Any], t: float) -> None:
+        """A LiveWindow hook: a change someone else made pauses the autopilot."""
+        if change["origin"] != ORIGIN:
+            with self._lock:
+                self._generation += 1
+                self.pilot.person_changed(t, change["origin"])
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            out = self.pilot.status()
+        return {
+            "settings": self.settings.model_dump(),
+            **out,
+            "ticks": self.ticks,
+            "cpu_s": round(self.cpu_s, 4),
+        }
+
+    async def run(self) -> None:
+        """Tick every `settings.interval_s` until cancelled."""
+        try:
+            while True:
+                await asyncio.sleep(self.settings.interval_s)
+                if self.settings.enabled:
+                    await self.tick()
+        finally:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def tick(self) -> Decision | None:
+        """One look: the decision applied (or refused), or None when it held."""
+        self.window.drain()
+        view = self.window.attribution_view()
+        steps = list(self.window.steps)
+        try:
+            since = steps[0]["knobs_version"] if steps else 0
+            snapshot = await asyncio.wrap_future(self.engine_loop.snapshot(since))
+        except EngineDead:
+            return None
+        config = engine_description(self.engine_loop)
+        started = self.window.started_t
+        decision = await asyncio.get_running_loop().run_in_executor(
+            self._executor, self._decide, view, steps, snapshot, config, started
+        )
+        if decision is not None:
+            await self._apply(decision)
+        return decision
+
+    def _decide(
+        self,
+        view: AttributionView,
+        steps: list[dict[str, Any]],
+        snapshot: QueueSnapshot,
+        config: dict[str, Any],
+        started_t: float,
+    ) -> Decision | None:
+        """On the worker: attribute, then tick the pilot with the twin as its evaluator."""
+        cpu0 = time.thread_time()
+        try:
+            s = self.settings
+            attribution = _attribution(view, s.observe_s)
+            window_s = arrival_window(snapshot.t - started_t)
+
+            def twin_trials(changes: list[dict[str, Any]]) -> list[Trial]:
+                twin, _ = twin_from_live(
+                    config, steps, view.records, snapshot, window_s, s.horizon_s
+                )
+                return [evaluate(twin, c, s.slo, s.horizon_s) for c in changes]
+
+            with self._lock:
+                generation = self._generation
+                decision = self.pilot.tick(
+                    snapshot.t,
+                    snapshot.knobs,
+                    view.records,
+                    attribution,
+                    self._unlocked(twin_trials),
+                )
+                if decision is not None and generation != self._generation:
+                    self.pilot.pending = None  # settings or a person's change came meanwhile
+                    return None
+                return decision
+        finally:
+            self.cpu_s += time.thread_time() - cpu0
+            self.ticks += 1
+
+    def _unlocked(self, run: Callable[[list[dict[str, Any]]], list[Trial]]) -> Any:
+        """`run` with the lock let go while it runs (called with the lock held)."""
+
+        def call(changes: list[dict[str, Any]]) -> list[Trial]:
+            with self._released():
+                return run(changes)
+
+        return call
+
+    @contextlib.contextmanager
+    def _released(self) -> Iterator[None]:
+        self._lock.release()
+        try:
+            yield
+        finally:
+            self._lock.acquire()
+
+    async def _apply(self, decision: Decision) -> None:
+        latest = self.engine_loop.knobs.model_dump()
+        if any(latest[k] != old for k, (old, _) in decision.changes.items()):
+            with self._lock:  # someone changed them since the twin looked: theirs stands
+                self.pilot.pending = None
+            return
+        future = self.engine_loop.update_knobs(decision.knob_values(), ORIGIN, decision.reason)
+        try:
+            version = await asyncio.wrap_future(future)
+        except (InvalidInput, EngineDead) as exc:
+            with self._lock:
+                self.pilot.refused(decision, str(exc))
+            return
+        with self._lock:
+            self.pilot.applied(decision, version)
+
+
+def _attribution(view: AttributionView, window_s: float) -> dict[str, Any] | None:
+    """The causes of the requests that ended in the last `window_s` (None if unattributable)."""
+    try:
+        return live_report(view, window_s, window_s, 0)
+    except InvalidInput:
+        return None

@@ -1,0 +1,126 @@
+"""The SLO autopilot on a real server: its settings over HTTP with their 422s, waiting for
+steps, moving max_num_seqs up for requests queueing for a slot (with its reason in the knob
+history), and pausing for a person's change."""
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import pytest
+from api_servers import Served, serve, stop, traffic, wait_for, wait_idle
+
+from api.settings import ServerSettings
+
+ADMIN = "admin-secret"
+
+
+@pytest.fixture
+def one_slot() -> Iterator[Served]:
+    served = serve(ServerSettings(admin_key=ADMIN), max_num_seqs=1)
+    yield served
+    stop(served)
+
+
+def put(served: Served, body: Any, key: str | None = ADMIN) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.put(served.url + "/api/autopilot", json=body, headers=headers, timeout=30)
+
+
+def status(served: Served) -> dict[str, Any]:
+    return httpx.get(served.url + "/api/autopilot", timeout=30).json()
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"ttft_p90_ms": 0}, "ttft_p90_ms"),
+        ({"tpot_p90_ms": "fast"}, "tpot_p90_ms"),
+        ({"knobs": {"kv_watermark": {"lo": 0, "hi": 1}}}, "knobs.kv_watermark"),
+        ({"knobs": {"max_num_seqs": {"lo": 1, "hi": 99999}}}, "knobs.max_num_seqs"),
+        ({"knobs": {"max_num_seqs": {"lo": 9, "hi": 8}}}, "knobs.max_num_seqs.lo"),
+        ({"interval": 2}, "interval"),
+    ],
+)
+def test_bad_settings_are_a_422_naming_the_field(
+    one_slot: Served, body: dict[str, Any], param: str
+) -> None:
+    r = put(one_slot, body)
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["param"] == param
+    assert status(one_slot)["state"] == "off"  # nothing changed
+
+
+def test_settings_need_the_admin_key_and_a_json_object(one_slot: Served) -> None:
+    assert put(one_slot, {"enabled": True}, key=None).status_code == 401
+    r = put(one_slot, [1, 2])
+    assert r.status_code == 422 and r.json()["error"]["param"] == "body"
+    assert status(one_slot)["settings"]["enabled"] is False
+
+
+def test_too_few_steps_waits_and_says_so(one_slot: Served) -> None:
+    traffic(one_slot.loop, 6, max_tokens=4)
+    wait_idle(one_slot.loop)
+    r = put(one_slot, {"enabled": True, "interval_s": 0.2, "ttft_p90_ms": 1})
+    assert r.status_code == 200 and r.json()["settings"]["enabled"] is True
+    wait_for(lambda: status(one_slot)["state"] == "waiting" and "steps" in status(one_slot)["note"])
+
+
+@contextmanager
+def arrivals(served: Served, every_s: float, max_tokens: int) -> Iterator[None]:
+    """Requests arriving every `every_s` seconds while the block runs (open loop)."""
+    stop_feeding = threading.Event()
+
+    def feed() -> None:
+        while not stop_feeding.wait(every_s):
+            traffic(served.loop, 1, max_tokens=max_tokens)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    try:
+        yield
+    finally:
+        stop_feeding.set()
+        feeder.join()
+
+
+def test_queueing_for_the_slot_moves_max_num_seqs_up_with_its_reason(one_slot: Served) -> None:
+    """20 requests a second of 48 tokens each: one slot serves at most half of them (a step
+    takes over a millisecond), so the queue and TTFT grow until the autopilot adds slots."""
+    settings = {
+        "enabled": True,
+        "interval_s": 0.2,
+        "ttft_p90_ms": 100,
+        "tpot_p90_ms": 1000,
+        "min_gap_s": 0,
+        "observe_s": 3,
+        "horizon_s": 10,
+        "look_s": 1,
+    }
+
+    def changed() -> list[dict[str, Any]]:
+        history = httpx.get(one_slot.url + "/api/knobs/history", timeout=30).json()["changes"]
+        return [c for c in history if c["origin"] == "autopilot"]
+
+    with arrivals(one_slot, 0.05, 48):
+        assert put(one_slot, settings).status_code == 200
+        wait_for(lambda: changed(), what="an autopilot change")
+    first = changed()[0]
+    old, new = first["changes"]["max_num_seqs"]
+    assert old == 1 and new > 1
+    assert first["reason"].startswith("p90 TTFT")
+    assert "queueing for a slot: max_num_seqs" in first["reason"]
+    decision = status(one_slot)["decisions"][-1]  # the oldest kept
+    assert decision["version"] == first["version"] and decision["reason"] == first["reason"]
+    # a person's change pauses it, and says who
+    r = httpx.patch(
+        one_slot.url + "/api/knobs",
+        json={"max_num_seqs": 3},
+        headers={"Authorization": f"Bearer {ADMIN}"},
+        timeout=30,
+    )
+    assert r.status_code == 200
+    wait_for(lambda: status(one_slot)["state"] == "paused", what="the pause")
+    assert "'api'" in status(one_slot)["note"]
+    assert one_slot.loop.knobs.max_num_seqs == 3, status(one_slot)["decisions"]
