@@ -2,23 +2,26 @@
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Request
+from fastapi import APIRouter, Body, Query, Request
 from pydantic import ValidationError
 
 from api.autopilot_runner import AutopilotRunner
 from api.errors import APIError, describe_errors
 from engine.errors import InvalidInput
+from tuning.autopilot import HISTORY
 from tuning.autopilot_settings import AutopilotSettings
 
 router = APIRouter()
 
 
 @router.get("/api/autopilot")
-def get_autopilot(request: Request) -> dict[str, Any]:
-    """Settings, state (off, waiting, holding, adjusting, rolled back, paused) with why, and the
-    decisions newest first, each with its reason."""
+def get_autopilot(
+    request: Request, history: Annotated[int, Query(ge=0, le=HISTORY)] = 300
+) -> dict[str, Any]:
+    """Settings, state (off, waiting, holding, adjusting, rolled back, paused) with why, the
+    decisions newest first, each with its reason, and the last `history` measurements."""
     runner: AutopilotRunner = request.app.state.autopilot
-    return runner.status()
+    return runner.status(history)
 
 
 @router.put("/api/autopilot")

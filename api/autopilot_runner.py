@@ -66,9 +66,9 @@ class AutopilotRunner:
                 self._generation += 1
                 self.pilot.person_changed(t, change["origin"])
 
-    def status(self) -> dict[str, Any]:
+    def status(self, history: int = 0) -> dict[str, Any]:
         with self._lock:
-            out = self.pilot.status()
+            out = self.pilot.status(history)
         return {
             "settings": self.settings.model_dump(),
             **out,

@@ -186,3 +186,33 @@ def _attribution(url: str, path: str, **params: Any) -> tuple[bool, Any]:
     except httpx.HTTPError as exc:
         return False, f"server unreachable: {exc}"
     return (True, resp.json()) if resp.status_code == 200 else (False, _error(resp))
+
+
+def get_autopilot(url: str, history: int = 300) -> tuple[bool, Any]:
+    """GET /api/autopilot: (True, settings, state, decisions and the last `history`
+    measurements) or (False, the server's message)."""
+    try:
+        resp = httpx.get(
+            url.rstrip("/") + "/api/autopilot",
+            params={"history": history},
+            headers=_headers(),
+            timeout=TIMEOUT_S,
+        )
+    except httpx.HTTPError as exc:
+        return False, f"server unreachable: {exc}"
+    return (True, resp.json()) if resp.status_code == 200 else (False, _error(resp))
+
+
+def put_autopilot(url: str, changes: dict[str, Any]) -> tuple[bool, str]:
+    """PUT /api/autopilot with some settings; (True, the state now) or (False, the message)."""
+    try:
+        resp = httpx.put(
+            url.rstrip("/") + "/api/autopilot", json=changes, headers=_headers(), timeout=TIMEOUT_S
+        )
+    except httpx.HTTPError as exc:
+        return False, f"server unreachable: {exc}"
+    if resp.status_code == 200:
+        body = resp.json()
+        on = "on" if body["settings"]["enabled"] else "off"
+        return True, f"autopilot {on}: {body['state']}"
+    return False, _error(resp)

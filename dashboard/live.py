@@ -5,7 +5,7 @@ from typing import Any
 
 import streamlit as st
 
-from dashboard import charts, why_slow_panel
+from dashboard import autopilot_panel, charts, why_slow_panel
 from dashboard.client import (
     get_experts,
     get_knobs,
@@ -236,6 +236,8 @@ def page() -> None:
     with st.sidebar:
         window = st.slider("steps shown", 50, MAX_WINDOW, 300, step=50)
         knob_panel(url)
+        autopilot_panel.sidebar(url)
         rebalance_panel(url)
     live_view(stream_for(url), window)
     why_slow_panel.live(url)
+    autopilot_panel.main(url)

@@ -19,6 +19,7 @@ from tuning.tune import Trial
 
 EXCESS_WEIGHT = 0.1  # halving a p90 above its target scores 7 points of attainment
 BACKLOG_WEIGHT = 0.5  # a queue left at the horizon of half the requests costs 25 points
+HISTORY = 900  # ticks of measurements kept: half an hour at the default interval
 MIN_REQUESTS = 5  # ended requests a window needs before its percentiles mean anything
 ROLLBACK_MARGIN = 0.05  # attainment this much worse after a change than before: undo it
 BAN_S = 120.0  # a rolled-back move is not tried again for this long
@@ -84,6 +85,8 @@ class Autopilot:
         self.state: State = "off" if not settings.enabled else "waiting"
         self.note = ""  # why it is in its state, in words
         self.decisions: deque[Decision] = deque(maxlen=50)
+        # what each tick measured over the last observe_s, for the attainment chart
+        self.history: deque[tuple[float, Measured]] = deque(maxlen=HISTORY)
         self.pending: Pending | None = None
         self.last_change_t = float("-inf")
         self.last_look_t = float("-inf")
@@ -124,6 +127,8 @@ class Autopilot:
         s = self.settings
         if not s.enabled:
             return None
+        now = Measured.of([r for r in recent if r["finished_t"] >= t - s.observe_s], s.slo)
+        self.history.append((t, now))
         if t < self.paused_until:
             return None
         if self.state == "paused":
@@ -137,7 +142,6 @@ class Autopilot:
                 return rollback
         if t - self.last_change_t < s.min_gap_s * self.backoff:
             return None
-        now = Measured.of([r for r in recent if r["finished_t"] >= t - s.observe_s], s.slo)
         if now.requests < MIN_REQUESTS:
             self.state, self.note = "holding", f"fewer than {MIN_REQUESTS} requests ended lately"
             return None
@@ -266,7 +270,8 @@ class Autopilot:
         self.note = f"the engine refused {decision.knob_values()}: {message}"
         self.state = "holding"
 
-    def status(self) -> dict[str, Any]:
+    def status(self, history: int = HISTORY) -> dict[str, Any]:
+        """State, note, decisions newest first, and the last `history` measurements."""
         last = self.decisions[-1] if self.decisions else None
         return {
             "state": self.state,
@@ -274,6 +279,9 @@ class Autopilot:
             "paused_until": self.paused_until if self.state == "paused" else None,
             "last_decision": None if last is None else vars(last),
             "decisions": [vars(d) for d in reversed(self.decisions)],
+            "history": [{"t": t, **vars(m)} for t, m in list(self.history)[-history:]]
+            if history > 0
+            else [],
         }
 
 

@@ -18,8 +18,13 @@ APP = str(Path(__file__).parents[2] / "dashboard" / "app.py")
 
 
 def _charts(at: AppTest) -> list[Any]:
-    """The page's telemetry charts, without the "Why slow?" panel's (keys `why_...`)."""
-    return [c for c in at.get("plotly_chart") if "-why_" not in c.proto.id]
+    """The page's telemetry charts, without the "Why slow?" panel's (keys `why_...`) and the
+    autopilot's (`autopilot_...`)."""
+    return [
+        c
+        for c in at.get("plotly_chart")
+        if "-why_" not in c.proto.id and "-autopilot_" not in c.proto.id
+    ]
 
 
 def _app(served: Served) -> AppTest:

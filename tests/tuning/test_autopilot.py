@@ -92,6 +92,8 @@ def test_met_targets_hold() -> None:
     pilot = Autopilot(settings(ttft_p90_ms=1000, tpot_p90_ms=100))
     assert load.tick(pilot) is None
     assert pilot.state == "holding"
+    (measured,) = pilot.status()["history"]
+    assert measured["requests"] == 10 and measured["attainment"] == 1.0
 
 
 def fixed(attainment: float, better: float) -> Any:
