@@ -1,0 +1,332 @@
+"""SLO autopilot: attainment on a phased load against the defaults and the best static setting.
+
+One arrival trace in four phases of `--phase-s` seconds each: steady low load, a burst at 3x,
+long prompts, low again (Poisson arrivals, seeded). Three kinds of run replay it on a fresh
+`moescope serve` each (recording into a temporary SQLite file), interleaved and repeated:
+- defaults: the engine's default knobs;
+- static: the best static setting, found by `tuning.tune` in the twin of the first defaults
+  run (a grid over max_num_seqs, max_num_batched_tokens and prefill_chunk_size, scored by SLO
+  attainment), then run for real;
+- autopilot: the defaults with `--autopilot` holding the targets.
+Per run and phase, from the recorded requests (by arrival): SLO attainment (both p90
+targets met by a request: TTFT and TPOT within them), goodput, p90 TTFT and TPOT; from the
+recorded knob changes, the autopilot's changes, how long after each phase change it kept
+changing (settle), and its changes a minute after that; from GET /api/autopilot and the
+recorded steps, the autopilot's CPU against the engine thread's step time.
+Run: `python benchmarks/autopilot.py` (`--quick` for a smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import machine
+from results_md import add_results_arguments, header, publish, results_path
+from serving import server
+from targets import Target
+
+import stats
+from api.loadgen import Arrival, parse_dist, poisson_arrivals, run_load
+from storage import Store
+from storage import queries as q
+from tuning.outcome import request_tpot_ms
+from tuning.tune import best, candidates, evaluate
+from tuning.whatif import twin_from_recording
+
+SECTION = "autopilot"
+PHASES = ("low", "burst 3x", "long prompts", "low again")
+SETTLE_S = 10.0  # the autopilot should stop changing knobs this soon after a phase change
+TARGETS = {
+    "vs_static": Target("autopilot attainment minus the best static's, points", -2.0),
+    "vs_defaults": Target("autopilot attainment minus the defaults', points", 15.0),
+    "settle": Target("longest time to settle after a phase change, s", SETTLE_S, False),
+    "rate": Target("most autopilot changes a minute in a steady phase", 6.0, False),
+    "cpu": Target("autopilot CPU / engine-thread step time, %", 1.0, False),
+}
+SEARCHED = ["max_num_seqs", "max_num_batched_tokens", "prefill_chunk_size"]
+
+
+def phased_trace(args: argparse.Namespace) -> list[Arrival]:
+    """The four phases back to back; the long-prompt phase sends `--long-prompt-len` prompts."""
+    short, long, out = (
+        parse_dist(x) for x in (args.prompt_len, args.long_prompt_len, args.output_len)
+    )
+    plan = [(args.rate, short), (3 * args.rate, short), (args.long_rate, long), (args.rate, short)]
+    arrivals: list[Arrival] = []
+    for i, (rate, prompt) in enumerate(plan):
+        start = i * args.phase_s
+        for a in poisson_arrivals(rate, args.phase_s, prompt, out, args.seed + i):
+            arrivals.append(Arrival(start + a.t, a.prompt_len, a.output_len))
+    return arrivals
+
+
+@contextlib.contextmanager
+def serving(args: argparse.Namespace, db: str, extra: list[str]) -> Iterator[httpx.Client]:
+    with (
+        server(args.model, args.threads, False, extra, db) as url,
+        httpx.Client(base_url=url, timeout=60) as client,
+    ):
+        yield client
+
+
+def run(
+    args: argparse.Namespace,
+    store: Store,
+    db: str,
+    trace: list[Arrival],
+    kind: str,
+    knobs: dict[str, Any],
+) -> dict[str, Any]:
+    """Replay `trace` on a fresh server with `knobs` (PATCHed before any load) and, for the
+    autopilot, `--autopilot`; what it measured."""
+    slo = f"ttft_p90_ms={args.ttft_ms},tpot_p90_ms={args.tpot_ms}"
+    extra = ["--autopilot", slo + args.autopilot_extra] if kind == "autopilot" else []
+    with serving(args, db, extra) as client:
+        if knobs:
+            client.patch(
+                "/api/knobs", json=knobs, params={"origin": "benchmark"}
+            ).raise_for_status()
+        started = time.time()
+        summary = asyncio.run(run_load(str(client.base_url), trace, seed=args.seed))
+        pilot = client.get("/api/autopilot", params={"history": 0}).json()
+        session = wait_recorded(client, summary["ok"])
+    records = q.requests(store, session)
+    steps = q.steps(store, session, limit=1_000_000)
+    changes = [c for c in q.knob_changes(store, session) if c["origin"] == "autopilot"]
+    engine_s = sum(s["dur_ms"]["total"] for s in steps) / 1000
+    return {
+        "kind": kind,
+        "session": session,
+        "errors": summary["errors"],
+        "started": started,
+        **scores(records, args, started),
+        "phases": [scores(in_phase(records, started, i, args), args, started) for i in range(4)],
+        "changes": [{"t": c["t"] - started, "changes": c["changes"]} for c in changes],
+        "cpu_share": 100 * pilot["cpu_s"] / engine_s if engine_s else 0.0,
+        "records": records,
+    }
+
+
+def wait_recorded(client: httpx.Client, requests: int) -> str:
+    """Wait until the recorder wrote every request and step; the session id."""
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        st = client.get("/api/status").json()
+        rec = st["recorder"]
+        if (
+            not any(st["queue"].values())
+            and rec["pending_steps"] == 0
+            and rec["written_requests"] >= requests
+        ):
+            return str(rec["main_session"])
+        time.sleep(0.25)
+    raise RuntimeError("the recorder did not catch up")
+
+
+def in_phase(
+    records: list[dict[str, Any]], started: float, i: int, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """The requests that arrived in phase `i` (the server stamps an arrival a little after the
+    load generator sent it, so the last phase runs on to the end)."""
+    lo = i * args.phase_s if i else -math.inf
+    hi = (i + 1) * args.phase_s if i < len(PHASES) - 1 else math.inf
+    return [r for r in records if lo <= r["arrival"] - started < hi]
+
+
+def scores(
+    records: list[dict[str, Any]], args: argparse.Namespace, started: float
+) -> dict[str, Any]:
+    """SLO attainment (%), goodput, p90 TTFT and TPOT of the requests, by `stats`."""
+    slo = stats.SLO(ttft=args.ttft_ms, tpot=args.tpot_ms)
+    pairs = [(r["ttft_ms"], request_tpot_ms(r)) for r in records]
+    span = (
+        (max(r["finished_t"] for r in records) - min(r["arrival"] for r in records))
+        if records
+        else 0.0
+    )
+    attainment = stats.slo_attainment(pairs, slo)
+    return {
+        "requests": len(records),
+        "attainment": None if attainment is None else 100 * attainment,
+        "goodput": stats.goodput(pairs, slo, span),
+        "ttft_p90": stats.percentile([t for t, _ in pairs if t is not None], 90),
+        "tpot_p90": stats.percentile([p for _, p in pairs if p is not None], 90),
+    }
+
+
+def settling(r: dict[str, Any], args: argparse.Namespace) -> tuple[float, float]:
+    """The longest time from a phase change to the autopilot's last change in that phase, and
+    its most changes a minute after that settling window, over the phases."""
+    settle, rate = 0.0, 0.0
+    for i in range(4):
+        lo, hi = i * args.phase_s, (i + 1) * args.phase_s
+        times = [c["t"] for c in r["changes"] if lo <= c["t"] < hi]
+        if times:
+            settle = max(settle, max(times) - lo)
+        steady = [t for t in times if t >= lo + SETTLE_S]
+        rate = max(rate, len(steady) * 60 / max(1e-9, hi - lo - SETTLE_S))
+    return settle, rate
+
+
+def search_static(store: Store, session: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The best static setting in the twin of a defaults run, by SLO attainment."""
+    twin = twin_from_recording(
+        q.get_session(store, session),
+        q.steps(store, session, limit=1_000_000),
+        q.requests(store, session),
+    )
+    slo = stats.SLO(ttft=args.ttft_ms, tpot=args.tpot_ms)
+    trials = [evaluate(twin, c, slo) for c in candidates(twin, SEARCHED, args.trials, args.seed)]
+    chosen = best(trials, "slo_attainment")
+    return (
+        {}
+        if chosen is None
+        else {k: v for k, v in chosen.changes.items() if twin.knobs.model_dump()[k] != v}
+    )
+
+
+def spread(values: list[float]) -> str:
+    med = statistics.median(values)
+    return f"{med:.1f} ({min(values):.1f}–{max(values):.1f})"
+
+
+def summarize(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    by = {k: [r for r in runs if r["kind"] == k] for k in ("defaults", "static", "autopilot")}
+    med = {k: statistics.median(r["attainment"] or 0.0 for r in v) for k, v in by.items()}
+    settles = [settling(r, args) for r in by["autopilot"]]
+    values = {
+        "vs_static": med["autopilot"] - med["static"],
+        "vs_defaults": med["autopilot"] - med["defaults"],
+        "settle": max(s for s, _ in settles),
+        "rate": max(rt for _, rt in settles),
+        "cpu": max(r["cpu_share"] for r in by["autopilot"]),
+    }
+    return {
+        "median_attainment": med,
+        "values": values,
+        "met": {k: TARGETS[k].met(v) for k, v in values.items()},
+    }
+
+
+def render(args: argparse.Namespace, argv: list[str], out: dict[str, Any], total_s: float) -> str:
+    command = ["python", "benchmarks/autopilot.py", *argv]
+    lines = [
+        header("SLO autopilot (`benchmarks/autopilot.py`)", command, total_s, machine.measure()),
+        f"- Server: `moescope serve --model {args.model} --threads {args.threads} --db "
+        "<temporary SQLite>`, a fresh one per run; the load generator in the benchmark "
+        "process. The cores are shared with other workers, so absolute numbers are noisy: "
+        f"the kinds of run are interleaved and repeated {args.repeats} time(s); a cell is "
+        "the median (min–max).",
+        f"- Trace: four phases of {args.phase_s:g} s ({', '.join(PHASES)}): Poisson arrivals at "
+        f"{args.rate:g}, {3 * args.rate:g}, {args.long_rate:g} and {args.rate:g} req/s; prompts "
+        f"`{args.prompt_len}` (long phase `{args.long_prompt_len}`), outputs `{args.output_len}`; "
+        f"{out['requests']} requests; seed {args.seed}.",
+        f"- SLO: p90 TTFT {args.ttft_ms:g} ms and p90 TPOT {args.tpot_ms:g} ms; a request attains "
+        "it when its TTFT and TPOT are within both.",
+        f"- Best static setting (the twin of the first defaults run, {args.trials} grid points "
+        f"over {', '.join(SEARCHED)}): `{out['static']}`.",
+        "",
+        "| run | attainment % | goodput req/s | p90 TTFT ms | p90 TPOT ms | "
+        + " | ".join(f"{p}: attainment %" for p in PHASES)
+        + " | autopilot changes |",
+        "| --- " * (6 + len(PHASES)) + "|",
+    ]
+    for kind in ("defaults", "static", "autopilot"):
+        rs = [r for r in out["runs"] if r["kind"] == kind]
+        cells = [
+            spread([r[m] or 0.0 for r in rs])
+            for m in ("attainment", "goodput", "ttft_p90", "tpot_p90")
+        ]
+        cells += [spread([r["phases"][i]["attainment"] or 0.0 for r in rs]) for i in range(4)]
+        cells.append(spread([float(len(r["changes"])) for r in rs]))
+        lines.append(f"| {kind} | " + " | ".join(cells) + " |")
+    lines += ["", "The autopilot's changes (first run), seconds from the start:", ""]
+    first = next(r for r in out["runs"] if r["kind"] == "autopilot")
+    lines += [f"- {c['t']:.1f} s: {c['changes']}" for c in first["changes"]] or ["- none"]
+    v = out["summary"]["values"]
+    lines += [
+        "",
+        "Targets:",
+        "",
+        TARGETS["vs_static"].line(v["vs_static"], f"{v['vs_static']:+.1f} points"),
+        TARGETS["vs_defaults"].line(v["vs_defaults"], f"{v['vs_defaults']:+.1f} points"),
+        TARGETS["settle"].line(v["settle"], f"{v['settle']:.1f} s"),
+        TARGETS["rate"].line(v["rate"], f"{v['rate']:.1f}"),
+        TARGETS["cpu"].line(v["cpu"], f"{v['cpu']:.2f}%"),
+    ]
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="synthetic:small")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--phase-s", type=float, default=75.0, help="seconds of each phase")
+    p.add_argument("--rate", type=float, default=3.0, help="req/s of the low phases")
+    p.add_argument("--long-rate", type=float, default=1.5, help="req/s of the long-prompt phase")
+    p.add_argument("--prompt-len", default="uniform:16:256")
+    p.add_argument("--long-prompt-len", default="uniform:1024:1800")
+    p.add_argument("--output-len", default="uniform:16:96")
+    p.add_argument("--ttft-ms", type=float, default=1000.0)
+    p.add_argument("--tpot-ms", type=float, default=60.0)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--trials", type=int, default=24, help="grid points the static search runs")
+    p.add_argument(
+        "--autopilot-extra", default="", help="more --autopilot settings, e.g. ',look_s=2'"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="synthetic:tiny, 3 s phases, one repeat")
+    add_results_arguments(p)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.model, args.phase_s, args.repeats, args.trials = "synthetic:tiny", 3.0, 1, 4
+        args.rate, args.long_rate, args.long_prompt_len = 4.0, 2.0, "uniform:256:512"
+        args.prompt_len, args.output_len = "uniform:8:64", "uniform:4:32"
+        args.autopilot_extra = ",interval_s=0.5,look_s=1,min_gap_s=1,observe_s=2,horizon_s=3"
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    started = time.perf_counter()
+    trace = phased_trace(args)
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        db = f"sqlite:///{Path(tmp) / 'autopilot.db'}"
+        store = Store(db)
+        try:
+            static: dict[str, Any] | None = None
+            for rep in range(args.repeats):
+                kinds = ["defaults", "static", "autopilot"]
+                kinds = kinds[rep % 3 :] + kinds[: rep % 3] if static is not None else kinds
+                for kind in kinds:
+                    knobs = static if kind == "static" and static is not None else {}
+                    r = run(args, store, db, trace, kind, knobs)
+                    runs.append(r)
+                    print(f"{kind}: attainment {r['attainment']}", file=sys.stderr, flush=True)
+                    if kind == "defaults" and static is None:
+                        static = search_static(store, r["session"], args)
+                        print(f"best static: {static}", file=sys.stderr, flush=True)
+        finally:
+            store.close()
+    for r in runs:
+        r.pop("records")
+    out = {"runs": runs, "static": static, "requests": len(trace), "summary": summarize(runs, args)}
+    publish(SECTION, render(args, argv, out, time.perf_counter() - started), results_path(args))
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+"""benchmarks/autopilot.py runs end to end on the tiny model and reports every target."""
+
+from pathlib import Path
+
+import autopilot as bench  # benchmarks/ is on pytest's pythonpath
+import pytest
+from results_md import markers
+
+pytestmark = pytest.mark.slow  # three real servers replay a 12 s trace
+
+
+def test_quick_run_scores_every_kind_of_run(tmp_path: Path) -> None:
+    results = tmp_path / "RESULTS.md"
+    out = bench.main(["--quick", "--results", str(results)])
+    kinds = [r["kind"] for r in out["runs"]]
+    assert kinds == ["defaults", "static", "autopilot"]
+    for r in out["runs"]:
+        assert r["errors"] == 0 and r["requests"] == out["requests"]
+        assert sum(p["requests"] for p in r["phases"]) == out["requests"]
+        assert r["attainment"] is not None and 0 <= r["attainment"] <= 100
+    assert set(out["summary"]["met"]) == set(bench.TARGETS)
+    text = results.read_text()
+    assert all(text.count(m) == 1 for m in markers(bench.SECTION))
+    assert text.count("[met]") + text.count("[MISSED]") == len(bench.TARGETS)
