@@ -38,6 +38,12 @@ class Cost:
         return []
 
 
+def sim_setup(block_size: int, blocks: int) -> Setup:
+    """One layer of four experts, no prefix caching, a 4096-token context."""
+    cache = CacheConfig(block_size=block_size, num_blocks=blocks, enable_prefix_caching=False)
+    return Setup(cache, "continuous", Placement.contiguous(1, 4, 1), 64, 4096)
+
+
 def timeline_of(d: dict[str, Any]) -> Timeline:
     """A Timeline back from `as_dict` (what the summaries read)."""
     return Timeline(
@@ -56,13 +62,7 @@ def run(
     trace: list[tuple[float, int, int]], cost: Cost, blocks: int = 256, **knobs: Any
 ) -> dict[str, dict[str, Any]]:
     """Simulate (arrival s, prompt, output) requests; each one's timeline as a dict, by id."""
-    setup = Setup(
-        CacheConfig(block_size=8, num_blocks=blocks, enable_prefix_caching=False),
-        "continuous",
-        Placement.contiguous(1, 4, 1),
-        64,
-        4096,
-    )
+    setup = sim_setup(8, blocks)
     full = Knobs.model_validate({**Knobs().model_dump(), "max_num_seqs": 8, **knobs})
     items = [TraceItem(t, p, o) for t, p, o in trace]
     sim = simulate(items, full, setup, cost, EXPERTS, keep_steps=True)
@@ -190,13 +190,7 @@ def test_the_dominant_cause_of_the_tail_is_named_in_words() -> None:
 
 
 def test_a_report_holds_the_summary_buckets_and_the_latest_timelines() -> None:
-    setup = Setup(
-        CacheConfig(block_size=8, num_blocks=64, enable_prefix_caching=False),
-        "continuous",
-        Placement.contiguous(1, 4, 1),
-        64,
-        4096,
-    )
+    setup = sim_setup(8, 64)
     knobs = Knobs.model_validate({**Knobs().model_dump(), "max_num_seqs": 1})
     sim = simulate([TraceItem(0.0, 16, 4)] * 6, knobs, setup, Cost(10.0), EXPERTS, keep_steps=True)
     out = report([r.model_dump() for r in sim.records], [s.model_dump() for s in sim.steps], 0.1, 2)

@@ -5,28 +5,20 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from test_attribution import EXPERTS, Cost
+from test_attribution import EXPERTS, Cost, sim_setup
 
-from engine.config import CacheConfig
-from engine.ep.placement import Placement
 from engine.errors import InvalidInput
 from engine.knobs import Knobs
 from tuning.attribution import attribute
 from tuning.attribution_summary import summarize
 from tuning.autopilot import Autopilot, Decision
 from tuning.autopilot_settings import AutopilotSettings, parse_targets
-from tuning.simulator import Setup, simulate
+from tuning.simulator import simulate
 from tuning.trace import TraceItem
 from tuning.tune import Trial, evaluate
 from tuning.whatif import Twin
 
-SETUP = Setup(
-    CacheConfig(block_size=16, num_blocks=2048, enable_prefix_caching=False),
-    "continuous",
-    Placement.contiguous(1, 4, 1),
-    64,
-    4096,
-)
+SETUP = sim_setup(16, 2048)
 CONTEXT = {"total_blocks": 2048, "min_blocks": 1, "max_model_len": 4096, "ep_size": 1}
 
 

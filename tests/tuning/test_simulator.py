@@ -86,6 +86,18 @@ def run_engine(
     return steps, trace
 
 
+def engine_setup(caching: bool) -> Setup:
+    """The simulated twin of the engine `run_engine` drives."""
+    cfg = LLMEngine(model=MODEL, **ENGINE).model_config
+    return Setup(
+        CacheConfig(block_size=8, num_blocks=16, enable_prefix_caching=caching),
+        "continuous",
+        Placement.contiguous(cfg.num_layers, cfg.num_experts, 1),
+        cfg.hidden_size * 4,
+        cfg.max_model_len,
+    )
+
+
 def decisions(steps: list[dict[str, Any]], ids: dict[str, int]) -> list[Any]:
     """Per step: each chunk as (request by arrival, phase, tokens, ctx), and the preemptions."""
     return [
@@ -112,14 +124,7 @@ def test_simulator_schedules_as_the_engine_did(
             engine_ids.setdefault(slot["req"], int(slot["req"].split("-")[1]))
     order = {rid: i for i, rid in enumerate(sorted(engine_ids, key=engine_ids.get))}
 
-    cfg = LLMEngine(model=MODEL, **ENGINE).model_config
-    setup = Setup(
-        CacheConfig(block_size=8, num_blocks=16, enable_prefix_caching=caching),
-        "continuous",
-        Placement.contiguous(cfg.num_layers, cfg.num_experts, 1),
-        cfg.hidden_size * 4,
-        cfg.max_model_len,
-    )
+    setup = engine_setup(caching)
     durations = [s["dur_ms"]["total"] for s in steps]
     full = Knobs.model_validate({**Knobs().model_dump(), **knobs})
     sim = simulate(trace, full, setup, RecordedCost(durations), ExpertDraw(steps), keep_steps=True)
@@ -138,14 +143,7 @@ def test_a_capacity_factor_drops_exactly_what_the_recorded_loads_would() -> None
     of its size, and the capacity cut applies to the loads the engine routed."""
     knobs = KNOB_SETS[0]
     steps, trace = run_engine(knobs, workload(0))
-    cfg = LLMEngine(model=MODEL, **ENGINE).model_config
-    setup = Setup(
-        CacheConfig(block_size=8, num_blocks=16, enable_prefix_caching=False),
-        "continuous",
-        Placement.contiguous(cfg.num_layers, cfg.num_experts, 1),
-        cfg.hidden_size * 4,
-        cfg.max_model_len,
-    )
+    setup = engine_setup(caching=False)
     full = Knobs.model_validate({**Knobs().model_dump(), **knobs, "expert_capacity_factor": 1.0})
     durations = [s["dur_ms"]["total"] for s in steps]
     sim = simulate(trace, full, setup, RecordedCost(durations), ExpertDraw(steps))
