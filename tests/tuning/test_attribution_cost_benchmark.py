@@ -21,8 +21,10 @@ def test_quick_run_blocks_admission_and_stores_sched(tmp_path: Path) -> None:
 
 
 def test_attribution_off_is_undone() -> None:
-    with bench.attribution_off():
+    with bench.attribution(on=False):
         assert SchedInfo is not bench.engine.step_telemetry.SchedInfo
+    with bench.attribution(on=True):
+        assert SchedInfo is bench.engine.step_telemetry.SchedInfo
     assert bench.engine.step_telemetry.SchedInfo is SchedInfo
     assert Scheduler._blocked.__name__ == "_blocked"
     assert isinstance(Scheduler.__dict__["_ahead"], staticmethod)
