@@ -26,6 +26,8 @@ def command(url: str, port: int, address: str = "127.0.0.1") -> list[str]:
         "true",
         "--browser.gatherUsageStats",
         "false",
+        "--server.fileWatcherType",  # a served dashboard reloads no source file
+        "none",
         "--",
         "--url",
         url,
