@@ -95,19 +95,19 @@ def close(opened: list[Page]) -> None:
         page.context.close()
 
 
-def switches(page: Page) -> dict[str, float]:
-    """Seconds of each sidebar switch from a Live page, and of Play on the Replay page."""
-    out = {
-        "Live -> Compare": pages.switch_page(page, "Compare", pages.SERVER_CHART),
-        "Compare -> Live": pages.switch_page(page, "Live", pages.DRAWN),
-        "Live -> Replay": pages.switch_page(page, "Replay", pages.REPLAY_READY),
-    }
+def switches(page: Page) -> tuple[dict[str, float], list[float]]:
+    """Seconds of each sidebar switch from a Live page, and of Play on the Replay page; and
+    of the switch back to Live, until its charts' frame started, had plotly.js and had its
+    websocket open."""
+    out = {"Live -> Compare": pages.switch_page(page, "Compare", pages.SERVER_CHART)}
+    out["Compare -> Live"], parts = pages.switch_to_live(page)
+    out["Live -> Replay"] = pages.switch_page(page, "Replay", pages.REPLAY_READY)
     t0 = time.perf_counter()
     page.get_by_role("button", name="Play").click()
     page.wait_for_function(pages.DRAWN, timeout=pages.WAIT_MS, polling=20)
     out["Play -> replay's first chart"] = time.perf_counter() - t0
     pages.switch_page(page, "Live", pages.DRAWN)
-    return out
+    return out, parts
 
 
 def clicks(page: Page, demo: Demo, n: int) -> dict[str, list[float]]:
@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             t0 = time.perf_counter()
             (page,) = live_pages(browser, demo.dashboard_url, 1)
             res["first_load_s"] = time.perf_counter() - t0
-            res["switches"] = switches(page)
+            res["switches"], res["switch_parts"] = switches(page)
             pages.watch_stale(page)
             res["rates"] = pages.redraw_rates(pages.charts_frame(page), args.rate_s)
             res["clicks"] = clicks(page, demo, args.clicks)
@@ -226,6 +226,12 @@ def measure_rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             "sidebar Compare -> Live: first chart drawn (s)",
             f"{res['switches']['Compare -> Live']:.2f}",
             *target("switch_s"),
+        ),
+        (
+            "… of which until the charts' frame started / had plotly.js / had its websocket (s)",
+            " / ".join(f"{s:.2f}" for s in res["switch_parts"]),
+            "–",
+            "–",
         ),
         *[
             (f"… {name} (s)", f"{s:.2f}", "–", "–")

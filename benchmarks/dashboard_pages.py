@@ -105,6 +105,23 @@ def switch_page(page: Page, name: str, drawn: str) -> float:
     return time.perf_counter() - t0
 
 
+# when (epoch ms) the charts' frame started, loaded plotly.js and connected its websocket
+STARTED = """() => {
+    const p = document.querySelector(
+        'iframe[title="dashboard.live_charts.live_charts"]').contentWindow.performance;
+    const at = (name) => p.timeOrigin + p.getEntriesByName(name)[0].startTime;
+    return [p.timeOrigin, at("plotly loaded"), at("connected")];
+}"""
+
+
+def switch_to_live(page: Page) -> tuple[float, list[float]]:
+    """Clicks Live in the sidebar: seconds until the first chart is drawn, and until the
+    charts' frame started, had plotly.js and had its websocket open."""
+    clicked = time.time()
+    drawn = switch_page(page, "Live", DRAWN)
+    return drawn, [ms / 1000 - clicked for ms in page.evaluate(STARTED)]
+
+
 SERVER_CHART = """() => Boolean(document.querySelector(
     '[data-testid="stMain"] [data-testid="stPlotlyChart"] .main-svg'))"""
 REPLAY_READY = """() => [...document.querySelectorAll('button')]

@@ -36,7 +36,7 @@ def live_charts(url: str, path: str, key: str, max_steps: int, shown: int, **rep
     _charts(
         source=ws_url(url, path),
         token=browser_token(),
-        plotly=f"../{_plotly.name}/plotly.min.js",
+        plotly=f"../{_plotly.name}/plotly.min.js?v={plotly.__version__}",
         max_steps=max_steps,
         shown=shown,
         replay=bool(replay),
