@@ -97,9 +97,10 @@ def close(opened: list[Page]) -> None:
 
 def switches(page: Page) -> tuple[dict[str, float], list[float]]:
     """Seconds of each sidebar switch from a Live page, and of Play on the Replay page; and
-    of the switch back to Live, until its charts' frame started, had plotly.js and had its
-    websocket open."""
+    of the switch back to Live (once the Compare page is drawn in full), until its charts'
+    frame started, had plotly.js and had its websocket open."""
     out = {"Live -> Compare": pages.switch_page(page, "Compare", pages.SERVER_CHART)}
+    pages.wait_idle(page)
     out["Compare -> Live"], parts = pages.switch_to_live(page)
     out["Live -> Replay"] = pages.switch_page(page, "Replay", pages.REPLAY_READY)
     t0 = time.perf_counter()

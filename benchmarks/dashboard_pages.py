@@ -105,6 +105,14 @@ def switch_page(page: Page, name: str, drawn: str) -> float:
     return time.perf_counter() - t0
 
 
+def wait_idle(page: Page) -> None:
+    """Until the page's script has finished its run (as one does before leaving a page)."""
+    page.wait_for_function(
+        "() => !document.querySelector('[data-testid=\"stStatusWidgetRunningIcon\"]')",
+        timeout=WAIT_MS,
+    )
+
+
 # when (epoch ms) the charts' frame started, loaded plotly.js and connected its websocket
 STARTED = """() => {
     const p = document.querySelector(

@@ -4,7 +4,8 @@ A Streamlit custom component (components v1, plain files in `live_charts_web/`, 
 step). The browser opens the telemetry websocket itself, keeps its own rolling window and
 redraws with plotly.js; Python only sends the arguments once per page run, so no frame
 passes through the dashboard's server. plotly.js is the copy inside the installed `plotly`
-package, served by Streamlit as a second component's folder (nothing comes from a CDN).
+package, served by Streamlit as a second component's folder, PLOTLY_JS (nothing comes from a
+CDN); index.html names it.
 """
 
 import os
@@ -20,7 +21,8 @@ WEB = Path(__file__).with_name("live_charts_web")
 PLOTLY = Path(plotly.__file__).with_name("package_data")
 
 _charts = components.declare_component("live_charts", path=str(WEB))
-_plotly = components.declare_component("plotly_js", path=str(PLOTLY))  # only its files are used
+# never drawn: its folder is served, at /component/<its name>/
+PLOTLY_JS = components.declare_component("plotly_js", path=str(PLOTLY)).name
 
 
 def browser_token() -> str:
@@ -36,7 +38,6 @@ def live_charts(url: str, path: str, key: str, max_steps: int, shown: int, **rep
     _charts(
         source=ws_url(url, path),
         token=browser_token(),
-        plotly=f"../{_plotly.name}/plotly.min.js?v={plotly.__version__}",
         max_steps=max_steps,
         shown=shown,
         replay=bool(replay),

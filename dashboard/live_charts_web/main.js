@@ -1,7 +1,6 @@
-// The live-charts component: on the page's render message it loads plotly.js (the copy in
-// the installed plotly package, which the dashboard serves), opens the websocket named by
-// its arguments and redraws the panels from its own rolling window a few times a second.
-// Python sends the arguments once; no frame passes through it.
+// The live-charts component: on the page's render message it opens the websocket named by
+// its arguments and, once plotly.js is there, redraws the panels from its own rolling window
+// a few times a second. Python sends the arguments once; no frame passes through it.
 
 import { Charts } from "./draw.js";
 import { Connection } from "./connection.js";
@@ -15,31 +14,10 @@ const TICK_MS = 150; // a panel is redrawn at most this often: over 5 Hz, with t
 const FRAME_BUDGET_MS = 40; // panels drawn in one animation frame until this much time went
 const $ = (id) => document.getElementById(id);
 
-/** Loads plotly.js once. Streamlit serves a component's files with no validator, so a plain
- * script tag would fetch all 4.8 MB again on every page; "force-cache" takes the copy the
- * browser already has (the URL names plotly's version, so a new one is fetched anew). */
-let plotly = null;
-function loadPlotly(src) {
-  plotly ??= fetch(src, { cache: "force-cache" })
-    .then((response) => {
-      if (!response.ok) throw new Error(`HTTP ${response.status}`);
-      return response.blob();
-    })
-    .then(
-      (blob) =>
-        new Promise((resolve, reject) => {
-          const script = document.createElement("script");
-          script.src = URL.createObjectURL(blob);
-          script.onload = resolve;
-          script.onerror = reject;
-          document.head.append(script);
-        }),
-    )
-    .then(() => performance.mark("plotly loaded")) // the benchmark times a page's start by these
-    .catch((error) => {
-      throw new Error(`cannot load plotly.js from ${src}: ${error}`);
-    });
-  return plotly;
+/** Why the charts cannot be drawn, if plotly.js (index.html's script tag) did not load. */
+function plotlyFailure() {
+  const tag = $("plotly");
+  return tag.dataset.failed ? `cannot load plotly.js from ${tag.src}` : "";
 }
 
 /** The websocket address of an attempt: the token as a query parameter (browsers cannot set
@@ -96,6 +74,7 @@ class Session {
       this.status();
     }
     while (
+      window.Plotly &&
       performance.now() - now < FRAME_BUDGET_MS &&
       this.charts.drawNext(this.view, now - TICK_MS)
     );
@@ -103,7 +82,8 @@ class Session {
   }
 
   status() {
-    showStatus($("status"), this.state, this.detail, this.feed);
+    const detail = [this.detail, plotlyFailure()].filter((x) => x).join(" · ");
+    showStatus($("status"), this.state, detail, this.feed);
   }
 
   stop() {
@@ -112,17 +92,10 @@ class Session {
   }
 }
 
-let charts = null;
+const charts = new Charts($("panels"));
 let session = null;
 
-onRender(async (args) => {
-  try {
-    await loadPlotly(args.plotly);
-  } catch (error) {
-    $("status").textContent = String(error);
-    return;
-  }
-  charts ??= new Charts($("panels"));
+onRender((args) => {
   const key = JSON.stringify([args.source, args.token, args.nonce]);
   if (session && session.key === key) return;
   if (session) session.stop();

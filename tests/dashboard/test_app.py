@@ -7,7 +7,6 @@ from typing import Any
 import httpx
 import pytest
 from api_servers import TIMEOUT, Served, traffic, wait_idle
-from plotly import __version__ as plotly_version
 from streamlit.testing.v1 import AppTest
 
 from dashboard.client import get_knobs
@@ -40,7 +39,6 @@ def test_live_page_gives_the_browser_the_telemetry_socket(
     args = _charts_args(at)
     assert args["source"] == served.ws_url + "?bundle=1"
     assert args["token"] == "sk-browser"
-    assert args["plotly"] == f"../dashboard.live_charts.plotly_js/plotly.min.js?v={plotly_version}"
     assert (args["max_steps"], args["shown"], args["replay"]) == (600, 300, False)
     # the server draws no telemetry chart: only the sidebar's placement map (and "Why slow?")
     drawn = [c.proto.id for c in at.get("plotly_chart") if "-why_" not in c.proto.id]
