@@ -52,6 +52,16 @@ async def _send_json(send: Send, status: int, body: dict, headers: list | None =
     await send({"type": "http.response.body", "body": data})
 
 
+async def _refuse_websocket(receive: Receive, send: Send, status: int, message: str) -> None:
+    """Accept, say why in `{"error", "code"}` (as the websockets' other refusals do) and close
+    with 1008 and the same reason: a browser sees neither the status nor the body of a
+    handshake refused over HTTP, only a message and a close frame."""
+    await receive()
+    await send({"type": "websocket.accept"})
+    await send({"type": "websocket.send", "text": json.dumps({"error": message, "code": status})})
+    await send({"type": "websocket.close", "code": 1008, "reason": message})
+
+
 class GuardMiddleware:
     """Refuses unauthenticated requests (401), non-admin knob changes (403), big bodies (413)."""
 
@@ -85,8 +95,7 @@ class GuardMiddleware:
         ok, status, message = self._allowed(scope)
         if not ok:
             if scope["type"] == "websocket":
-                await receive()
-                await send({"type": "websocket.close", "code": 1008, "reason": message})
+                await _refuse_websocket(receive, send, status, message)
             else:
                 await _send_json(
                     send, status, error_body(status, message), [(b"www-authenticate", b"Bearer")]

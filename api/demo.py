@@ -20,6 +20,36 @@ import httpx
 
 MODEL = "synthetic:small"
 HOST = "127.0.0.1"
+CLI = [sys.executable, "-m", "api.cli"]
+
+
+def server_command(port: int, parallel: list[str]) -> list[str]:
+    """The demo's server: MODEL on HOST:`port`, `parallel` being `--ep N` or `--ep-size N`."""
+    return [*CLI, "serve", "--model", MODEL, "--host", HOST, "--port", str(port), *parallel]
+
+
+def dashboard_command(url: str, port: int) -> list[str]:
+    """The demo's dashboard for the server at `url`, on HOST:`port`."""
+    return [sys.executable, "-m", "dashboard", "--url", url, "--port", str(port)]
+
+
+def load_command(url: str, rate: float, duration: float) -> list[str]:
+    """The demo's load on `url`: `rate` requests a second for `duration` s (0: until stopped),
+    prompts of 16 to 256 tokens, outputs of 16 to 128."""
+    return [
+        *CLI,
+        "load",
+        "--url",
+        url,
+        "--rate",
+        str(rate),
+        "--duration",
+        str(duration),
+        "--prompt-len",
+        "uniform:16:256",
+        "--output-len",
+        "uniform:16:128",
+    ]
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -43,7 +73,7 @@ def port_problem(ports: dict[str, int]) -> str | None:
     return None
 
 
-def _wait_ready(url: str, server: subprocess.Popen, timeout_s: float = 180.0) -> str | None:
+def wait_ready(url: str, server: subprocess.Popen, timeout_s: float = 180.0) -> str | None:
     """None once the server answers; else why it did not come up."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -62,7 +92,7 @@ def _exit_status(code: int) -> str:
     return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
 
 
-def _start(command: list[str]) -> subprocess.Popen:
+def start_child(command: list[str]) -> subprocess.Popen:
     """A child in its own process group (Ctrl-C reaches only the demo, which stops it)."""
     return subprocess.Popen(command, process_group=0)
 
@@ -72,7 +102,7 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         os.killpg(proc.pid, sig)
 
 
-def _stop(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
+def stop_child(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
     """SIGINT to the child's process group, then SIGKILL if it is not gone in time."""
     _signal_group(proc, signal.SIGINT)
     try:
@@ -126,38 +156,18 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"moescope demo: {problem}", file=sys.stderr)
         return 1
     url = f"http://{HOST}:{args.port}"
-    cli = [sys.executable, "-m", "api.cli"]
     parallel = ["--ep", str(args.ep)] if args.ep else ["--ep-size", str(args.ep_size)]
     children: dict[str, subprocess.Popen] = {}
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        children["server"] = _start(
-            [*cli, "serve", "--model", MODEL, "--host", HOST, "--port", str(args.port), *parallel]
-        )
-        failure = _wait_ready(url, children["server"])
+        children["server"] = start_child(server_command(args.port, parallel))
+        failure = wait_ready(url, children["server"])
         if failure is not None:
             print(f"moescope demo: {failure}", file=sys.stderr)
             return 1
-        children["dashboard"] = _start(
-            [sys.executable, "-m", "dashboard", "--url", url, "--port", str(args.dashboard_port)]
-        )
+        children["dashboard"] = start_child(dashboard_command(url, args.dashboard_port))
         print(_banner(args, url), flush=True)
-        children["load"] = _start(
-            [
-                *cli,
-                "load",
-                "--url",
-                url,
-                "--rate",
-                str(args.rate),
-                "--duration",
-                str(args.duration),
-                "--prompt-len",
-                "uniform:16:256",
-                "--output-len",
-                "uniform:16:128",
-            ]
-        )
+        children["load"] = start_child(load_command(url, args.rate, args.duration))
         return _watch(children)
     except KeyboardInterrupt:
         print("\nmoescope demo: stopping", file=sys.stderr)
@@ -166,4 +176,4 @@ def run_demo(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not strand a child
         for proc in reversed(children.values()):
-            _stop(proc)
+            stop_child(proc)

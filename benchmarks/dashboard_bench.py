@@ -1,21 +1,22 @@
-"""Dashboard stream and render cost with the engine publishing >= 100 steps/s.
+"""The dashboard in headless Chromium against `make demo`'s load: how fast a click reaches the
+engine and shows on the charts, how fast pages switch and charts redraw, and what open Live
+pages cost the dashboard's server and the engine.
 
-A real server (api.server.ServerThread) around synthetic:tiny is kept busy with small
-requests (prompt 8, 16 output tokens, 8 running), so it steps several hundred times a second.
-1. Lag: a separate process (like a dashboard, niced as `moescope dashboard` runs it) runs
-   the dashboard's TelemetryStream for `--lag-s` seconds, sampling the time since its newest
-   frame was produced (`now - frame t`) and the step it has reached against the server's
-   step, every 0.25 s. Keeping up means the lag in the last quarter is no larger than in the
-   first.
-2. Render: the stream's last 600 real frames go into a StepWindow one by one (as the live
-   page's stream does when they arrive; timed per frame), then a refresh is the window's
-   view, every chart function (`charts.live_figures`) and each figure's JSON as
-   st.plotly_chart makes it; median of `--repeats` refreshes.
-3. Overhead: mean engine step time (the loop's `busy_s / steps`) in rotated blocks with no
-   consumer (twice: an A/A control), three streams taking one message a step, three streams
-   in bundles, and three bundled streams at the dashboard's CPU priority (as `moescope
-   dashboard` runs), all in one run; with the CPU the server thread and the consumer process
-   spend per step.
+`make demo`'s processes (dashboard_demo.py: synthetic:small with 4 modeled expert-parallel
+ranks, recording; `moescope load` at 3 requests/s; `python -m dashboard` at nice 10) with
+Chromium (1600x1000) driven by Playwright:
+1. Page switch: a Live page's first chart from `goto`; then sidebar clicks Live -> Compare
+   (first server-drawn chart), Compare -> Live (first panel drawn with steps), Live -> Replay
+   (its Play button) and Play -> the replay's first chart.
+2. Redraw rate: each on-screen panel's redraws per second over `--rate-s`.
+3. Apply: `--clicks` clicks of Apply, max_num_seqs alternating between two values; from the
+   click to the server's new knob version (GET /api/knobs polled) and to the change's marker
+   on the first chart. Meanwhile a MutationObserver counts charts turned stale.
+4. Dashboard CPU: the dashboard's process tree's CPU over `--cpu-s` with 0, 1 and `--pages`
+   Live pages open, each page in its own browser context.
+5. Overhead: mean engine step time (GET /api/status: busy_s / steps) in blocks of
+   `--block-s` with no page (twice: an A/A control) and with `--pages` Live pages, rotated
+   over `--rounds`; Chromium at nice 19 here, standing for a browser on another machine.
 Each measure's target is in TARGETS. Writes a section of benchmarks/RESULTS.md.
 Run: `python benchmarks/dashboard_bench.py` (`--quick` for a smoke run, `--no-write` to leave
 RESULTS.md alone).
@@ -24,361 +25,255 @@ RESULTS.md alone).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import plotly.io
-import plotly.tools
-import psutil
+from playwright.sync_api import Browser, Page, sync_playwright
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import dashboard_pages as pages  # noqa: E402
 import machine  # noqa: E402
+from dashboard_demo import EP_SIZE, RATE, Demo, step_ms  # noqa: E402
 from results_md import add_results_arguments, header, publish, results_path  # noqa: E402
 from targets import Target  # noqa: E402
 
-from api.app import create_app  # noqa: E402
-from api.server import ServerThread, build_loop  # noqa: E402
-from api.settings import ServerSettings  # noqa: E402
-from dashboard import charts  # noqa: E402
+from api.demo import MODEL  # noqa: E402
 from dashboard.__main__ import NICE  # noqa: E402
-from dashboard.client import LIVE_PATH, ws_url  # noqa: E402
-from dashboard.stream import CONNECTED, TelemetryStream  # noqa: E402
-from dashboard.window import StepWindow  # noqa: E402
-from engine import SamplingParams  # noqa: E402
-from engine.loop import EngineLoop  # noqa: E402
 from stats import percentile  # noqa: E402
 
 SECTION = "dashboard"
-MODEL = "synthetic:tiny"
-RUNNING = 8
-DASHBOARD = f"3 consumers, bundled, at the dashboard's priority (nice {NICE})"
-MODES: dict[str, tuple[str, int] | None] = {  # name: (path, niceness) of the consumers
-    "none": None,
-    "none again (A/A control)": None,
-    "3 consumers, one message a step": ("/ws/telemetry", 0),
-    "3 consumers, bundled": (LIVE_PATH, 0),
-    DASHBOARD: (LIVE_PATH, NICE),
-}
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+BROWSER_NICE = 19  # in the overhead blocks
+MODES = ("none", "none again", "pages")  # blocks without a page (twice: A/A) and with pages
 TARGETS = {
-    "steps_per_s": Target("engine steps/s seen by the stream", 100),
-    # keeping up: the lag of the last quarter at most this much above the first's (ms)
-    "lag_growth_ms": Target("lag growth, last quarter - first (ms)", 50, higher_is_better=False),
-    "dropped": Target("steps dropped for the stream", 0, higher_is_better=False),
-    "render_ms": Target("render one refresh (ms, median)", 200, higher_is_better=False),
-    "overhead": Target(
-        "ratio of mean step time, dashboard consumers / none", 1.03, higher_is_better=False
-    ),
+    "apply_version_s": Target("click Apply -> server's knob version changed, p95 (s)", 1.0, False),
+    "apply_marker_s": Target("click Apply -> marker on a chart, p95 (s)", 1.5, False),
+    "switch_s": Target("sidebar page switch -> Live page's first chart (s)", 2.0, False),
+    "redraw_hz": Target("redraws per second of the slowest on-screen panel", 5.0),
+    "stale": Target("charts seen in Streamlit's stale state", 0, False),
+    "cpu_pct": Target("dashboard server CPU per open Live page (% of a core)", 5.0, False),
+    "overhead": Target("engine step time, Live pages open / none", 1.03, False),
 }
 
 
-class Traffic:
-    """Keeps about RUNNING small requests in the engine until stopped."""
-
-    def __init__(self, loop: EngineLoop) -> None:
-        self.loop = loop
-        self.done = threading.Semaphore(RUNNING)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
-        i = 0
-        while not self._stop.is_set():
-            if not self.done.acquire(timeout=0.1):
-                continue
-            i += 1
-
-            def on_out(out: Any) -> None:
-                if getattr(out, "finished", False):
-                    self.done.release()
-
-            self.loop.submit([256, *range(1 + i % 50, 8 + i % 50)], params, on_out)
-
-    def __enter__(self) -> Traffic:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+@contextmanager
+def chromium(nice: int = 0) -> Iterator[Browser]:
+    """Headless Chromium, at `nice` (through a wrapper script that lowers its priority)."""
+    with sync_playwright() as pw, tempfile.TemporaryDirectory() as tmp:
+        executable = CHROMIUM
+        if nice:
+            wrapper = Path(tmp) / "chromium"
+            wrapper.write_text(f'#!/bin/sh\nexec nice -n {nice} {CHROMIUM} "$@"\n')
+            wrapper.chmod(0o755)
+            executable = str(wrapper)
+        browser = pw.chromium.launch(executable_path=executable, args=ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
 
 
-SAMPLE_GRACE_S = 60.0  # how long a consumer may wait past its time for two samples
+def live_pages(browser: Browser, url: str, n: int) -> list[Page]:
+    """`n` Live pages, each in its own context, opened together; once each has drawn."""
+    opened = [pages.open_live(browser.new_context(viewport=pages.VIEWPORT), url) for _ in range(n)]
+    for page in opened:
+        pages.wait_drawn(page)
+    return opened
 
 
-def consumer(url: str, path: str, nice: int, n: int, seconds: float, out: str) -> None:
-    """The child process (at `nice`): `n` dashboard streams of `path` for `seconds`; samples
-    of stream 0 and its last frames go to `out` as JSON."""
-    if nice:
-        os.nice(nice)
-    streams = [
-        TelemetryStream(ws_url(url, path), maxlen=600, window=StepWindow(600)).start()
-        for _ in range(n)
-    ]
-    deadline = time.monotonic() + 10
-    while any(s.state != CONNECTED for s in streams) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    print("connected", flush=True)
-    samples: list[dict[str, Any]] = []
-    end = time.monotonic() + seconds
-    # a niced child on a busy machine may see no frame for a while: sample on until it has
-    # two (a rate needs two), up to SAMPLE_GRACE_S more
-    while time.monotonic() < end or (len(samples) < 2 and time.monotonic() < end + SAMPLE_GRACE_S):
-        time.sleep(0.25)
-        frames = streams[0].frames()
-        if frames:
-            samples.append(
-                {
-                    "now": time.time(),
-                    "step": frames[-1]["step"],
-                    "lag_s": time.time() - frames[-1]["t"],
-                    "received": streams[0].received,
-                }
-            )
-    result = {
-        "samples": samples,
-        "frames": streams[0].frames(),
-        "dropped": [s.dropped for s in streams],
-        "received": [s.received for s in streams],
-    }
-    for s in streams:
-        s.stop()
-    Path(out).write_text(json.dumps(result))
+def close(opened: list[Page]) -> None:
+    for page in opened:
+        page.context.close()
 
 
-def spawn(
-    url: str, n: int, seconds: float, out: str, path: str = LIVE_PATH, nice: int = NICE
-) -> subprocess.Popen[str]:
-    """A consumer process, by default as `moescope dashboard` runs: bundled, niced."""
-    proc = subprocess.Popen(
-        [sys.executable, __file__, "--consumer", url, path, str(nice), str(n), str(seconds), out],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "connected"
-    return proc
-
-
-def lag_run(url: str, loop: EngineLoop, seconds: float, tmp: str) -> dict[str, Any]:
-    """One consumer process for `seconds`: its steps/s, lag samples and last frames."""
-    out = os.path.join(tmp, "lag.json")
-    steps0 = loop.steps
-    t0 = time.monotonic()
-    spawn(url, 1, seconds, out).wait(timeout=seconds + SAMPLE_GRACE_S + 30)
-    server_rate = (loop.steps - steps0) / (time.monotonic() - t0)
-    res = json.loads(Path(out).read_text())
-    samples = res["samples"]
-    q = max(1, len(samples) // 4)
-    first, last = samples[:q], samples[-q:]
-    span = samples[-1]["now"] - samples[0]["now"] if len(samples) > 1 else 0.0
-    rate = (samples[-1]["step"] - samples[0]["step"]) / span if span else 0.0
-    for s in samples:  # steps the server made since the newest received one, at this rate
-        s["step_lag"] = s["lag_s"] * rate
-    return {
-        "seconds": seconds,
-        "steps_per_s": rate,
-        "server_steps_per_s": server_rate,
-        "samples": len(samples),
-        "dropped": res["dropped"][0],
-        "lag_ms_first": 1000 * statistics.mean(s["lag_s"] for s in first),
-        "lag_ms_last": 1000 * statistics.mean(s["lag_s"] for s in last),
-        "lag_ms_max": 1000 * max(s["lag_s"] for s in samples),
-        "step_lag_first": statistics.mean(s["step_lag"] for s in first),
-        "step_lag_last": statistics.mean(s["step_lag"] for s in last),
-        "step_lag_max": max(s["step_lag"] for s in samples),
-        "frames": res["frames"],
-    }
-
-
-def render_run(frames: list[dict[str, Any]], repeats: int) -> dict[str, float]:
-    """What the live page does: each frame into a StepWindow as it arrives (timed per frame),
-    then per refresh the window's view of 600 steps, every chart, and each chart's JSON as
-    st.plotly_chart makes it."""
-    window = StepWindow(600)
+def switches(page: Page) -> tuple[dict[str, float], list[float]]:
+    """Seconds of each sidebar switch from a Live page, and of Play on the Replay page; and
+    of the switch back to Live (once the Compare page is drawn in full), until its charts'
+    frame started, had plotly.js and had its websocket open."""
+    out = {"Live -> Compare": pages.switch_page(page, "Compare", pages.SERVER_CHART)}
+    pages.wait_idle(page)
+    out["Compare -> Live"], parts = pages.switch_to_live(page)
+    out["Live -> Replay"] = pages.switch_page(page, "Replay", pages.REPLAY_READY)
     t0 = time.perf_counter()
-    for frame in frames:
-        window.add(frame)
-    ingest_us = 1e6 * (time.perf_counter() - t0) / max(len(frames), 1)
-    build, full = [], []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        figs = charts.live_figures(window.view(600))
-        t1 = time.perf_counter()
-        for f in figs.values():  # what st.plotly_chart does with a figure
-            plotly.io.to_json(
-                plotly.tools.return_figure_from_figure_or_data(f, True), validate=False
-            )
-        t2 = time.perf_counter()
-        build.append(1000 * (t1 - t0))
-        full.append(1000 * (t2 - t0))
-    return {
-        "frames": len(frames),
-        "panels": len(figs),
-        "ingest_us": ingest_us,
-        "build_ms": percentile(build, 50),
-        "build_json_ms": percentile(full, 50),
-        "build_ms_max": max(build),
-        "build_json_ms_max": max(full),
-    }
+    page.get_by_role("button", name="Play").click()
+    page.wait_for_function(pages.DRAWN, timeout=pages.WAIT_MS, polling=20)
+    out["Play -> replay's first chart"] = time.perf_counter() - t0
+    pages.switch_page(page, "Live", pages.DRAWN)
+    return out, parts
 
 
-def _cpu_s(server: ServerThread, proc: subprocess.Popen[str] | None) -> tuple[float, float]:
-    """CPU seconds so far of the server's thread and of the consumer process (0 without)."""
-    assert server.thread.ident is not None
-    thread = time.clock_gettime(time.pthread_getcpuclockid(server.thread.ident))
-    if proc is None:
-        return thread, 0.0
-    times = psutil.Process(proc.pid).cpu_times()
-    return thread, times.user + times.system
+def clicks(page: Page, demo: Demo, n: int) -> dict[str, list[float]]:
+    """`n` Apply clicks alternating max_num_seqs between its value and one less: seconds from
+    each click to the server's acceptance (its knob history's time) and to the marker."""
+    frame = pages.charts_frame(page)
+    state = demo.knobs()
+    first, version = int(state["knobs"]["max_num_seqs"]), int(state["version"])
+    to_server, to_marker = [], []
+    for i in range(n + n % 2):  # an even number: the knob ends as it was
+        clicked, marker_s = pages.apply_click(page, frame, first - 1 + i % 2, version + i)
+        if i < n:
+            to_server.append(demo.accepted_at(version + i + 1) - clicked)
+            to_marker.append(marker_s)
+    return {"to_server": to_server, "to_marker": to_marker}
 
 
-def _block(
-    loop: EngineLoop, server: ServerThread, proc: subprocess.Popen[str] | None, seconds: float
-) -> dict[str, float]:
-    """Per engine step over `seconds`: wall and engine-thread CPU ms of the step, and the CPU
-    ms the server thread and the consumer process spent meanwhile."""
-    b0, c0, s0 = loop.busy_s, loop.busy_cpu_s, loop.steps
-    server0, consumer0 = _cpu_s(server, proc)
-    time.sleep(seconds)
-    server1, consumer1 = _cpu_s(server, proc)
-    n = max(loop.steps - s0, 1)
-    return {
-        "wall": 1000 * (loop.busy_s - b0) / n,
-        "cpu": 1000 * (loop.busy_cpu_s - c0) / n,
-        "server": 1000 * (server1 - server0) / n,
-        "consumer": 1000 * (consumer1 - consumer0) / n,
-    }
-
-
-def overhead_run(
-    url: str, loop: EngineLoop, server: ServerThread, rounds: int, block_s: float, tmp: str
-) -> dict[str, Any]:
-    """Blocks of each mode (MODES), in an order rotated every round; per-mode means and
-    ratios to `none`, and the median over rounds of each round's ratio."""
-    blocks: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
-    names = list(MODES)
-    for r in range(rounds):
-        for mode in names[r % len(names) :] + names[: r % len(names)]:
-            kind = MODES[mode]
-            proc = (
-                None
-                if kind is None
-                else spawn(url, 3, block_s + 1.0, os.path.join(tmp, f"{r}.json"), *kind)
-            )
-            time.sleep(0.3)
-            blocks[mode].append(_block(loop, server, proc, block_s))
-            if proc is not None:
-                proc.wait(timeout=30)
-    out: dict[str, Any] = {"rounds": rounds, "block_s": block_s, "blocks": blocks}
-    none = blocks["none"]
-    for mode, bs in blocks.items():
-        mean = {k: statistics.mean(b[k] for b in bs) for k in bs[0]}
-        mean["ratio"] = mean["wall"] / statistics.mean(b["wall"] for b in none)
-        mean["cpu_ratio"] = mean["cpu"] / statistics.mean(b["cpu"] for b in none)
-        mean["pair_median"] = percentile(
-            (b["wall"] / a["wall"] for a, b in zip(none, bs, strict=True)), 50
-        )
-        out[mode] = mean
+def cpu_run(demo: Demo, browser: Browser, seconds: float, most: int) -> dict[int, float]:
+    """% of a core the dashboard used over `seconds` with 0, 1 and `most` Live pages open."""
+    out = {}
+    for n in sorted({0, 1, most}):
+        opened = live_pages(browser, demo.dashboard_url, n)
+        time.sleep(1.0)  # past the pages' first run
+        c0, t0 = demo.dashboard_cpu_s(), time.perf_counter()
+        time.sleep(seconds)
+        out[n] = 100 * (demo.dashboard_cpu_s() - c0) / (time.perf_counter() - t0)
+        close(opened)
     return out
 
 
+def overhead_run(demo: Demo, n: int, rounds: int, block_s: float) -> dict[str, Any]:
+    """Blocks of each mode (`n` Live pages open in "pages") in an order rotated every round:
+    per-block mean step ms, per-mode means and ratios to `none`."""
+    blocks: dict[str, list[float]] = {mode: [] for mode in MODES}
+    with chromium(BROWSER_NICE) as browser:
+        for r in range(rounds):
+            for mode in MODES[r % len(MODES) :] + MODES[: r % len(MODES)]:
+                opened = live_pages(browser, demo.dashboard_url, n) if mode == "pages" else []
+                before = demo.status()
+                time.sleep(block_s)
+                blocks[mode].append(step_ms(before, demo.status()))
+                close(opened)
+    none = statistics.mean(blocks["none"])
+    return {
+        "pages": n,
+        "rounds": rounds,
+        "block_s": block_s,
+        "blocks": blocks,
+        "mean_ms": {m: statistics.mean(b) for m, b in blocks.items()},
+        "ratio": {m: statistics.mean(b) / none for m, b in blocks.items()},
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    loop = build_loop(MODEL, num_kv_blocks=256, max_num_seqs=RUNNING, max_num_batched_tokens=256)
-    server = ServerThread(create_app(loop, ServerSettings(model_name=MODEL))).start()
-    try:
-        with Traffic(loop), tempfile.TemporaryDirectory() as tmp:
-            time.sleep(0.5)
-            lag = lag_run(server.url, loop, args.lag_s, tmp)
-            render = render_run(lag.pop("frames")[-600:], args.repeats)
-            overhead = overhead_run(server.url, loop, server, args.rounds, args.block_s, tmp)
-    finally:
-        server.stop()
-        loop.stop()
-    return {"lag": lag, "render": render, "overhead": overhead}
+    res: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp, Demo(Path(tmp)) as demo:
+        with chromium() as browser:
+            t0 = time.perf_counter()
+            (page,) = live_pages(browser, demo.dashboard_url, 1)
+            res["first_load_s"] = time.perf_counter() - t0
+            res["switches"], res["switch_parts"] = switches(page)
+            pages.watch_stale(page)
+            res["rates"] = pages.redraw_rates(pages.charts_frame(page), args.rate_s)
+            res["clicks"] = clicks(page, demo, args.clicks)
+            res["stale"] = pages.stale_count(page)
+            close([page])
+            res["cpu_pct"] = cpu_run(demo, browser, args.cpu_s, args.pages)
+        res["overhead"] = overhead_run(demo, args.pages, args.rounds, args.block_s)
+    return res
+
+
+def p95(values: list[float]) -> float:
+    result = percentile(values, 95)
+    assert result is not None
+    return result
 
 
 def check_targets(res: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Each TARGETS entry: its measured value and whether it is met."""
-    lag = res["lag"]
     values = {
-        "steps_per_s": lag["steps_per_s"],
-        "lag_growth_ms": lag["lag_ms_last"] - lag["lag_ms_first"],
-        "dropped": lag["dropped"],
-        "render_ms": res["render"]["build_json_ms"],
-        "overhead": res["overhead"][DASHBOARD]["ratio"],
+        "apply_version_s": p95(res["clicks"]["to_server"]),
+        "apply_marker_s": p95(res["clicks"]["to_marker"]),
+        "switch_s": res["switches"]["Compare -> Live"],
+        "redraw_hz": min((hz for hz, _ in res["rates"].values()), default=0.0),
+        "stale": res["stale"],
+        "cpu_pct": max(n and cpu / n for n, cpu in res["cpu_pct"].items()),
+        "overhead": res["overhead"]["ratio"]["pages"],
     }
     return {k: {"value": v, "met": TARGETS[k].met(v)} for k, v in values.items()}
 
 
-def measure_rows(res: dict[str, Any], checks: dict[str, Any]) -> list[tuple[str, str, str, str]]:
-    """(measure, value, target, met) rows of the section's first table."""
-    lag, ren, ov = res["lag"], res["render"], res["overhead"]
-    bundled, aa = ov[DASHBOARD], ov["none again (A/A control)"]
+def _seconds(values: list[float]) -> str:
+    return f"p50 {percentile(values, 50):.2f}, p95 {p95(values):.2f}, max {max(values):.2f}"
+
+
+def measure_rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(measure, value, target, met) rows of the section's table."""
+    checks, clicks_, cpu, ov = res["targets"], res["clicks"], res["cpu_pct"], res["overhead"]
 
     def target(key: str) -> tuple[str, str]:
         return TARGETS[key].bound, "yes" if checks[key]["met"] else "no"
 
+    rates = res["rates"]
     return [
-        ("engine steps/s seen by the stream", f"{lag['steps_per_s']:.0f}", *target("steps_per_s")),
         (
-            "lag, first / last quarter (ms)",
-            f"{lag['lag_ms_first']:.1f} / {lag['lag_ms_last']:.1f} (max {lag['lag_ms_max']:.1f})",
-            f"last - first {TARGETS['lag_growth_ms'].bound}",
-            target("lag_growth_ms")[1],
+            f"click Apply -> server's knob version changed ({len(clicks_['to_server'])} clicks, s)",
+            _seconds(clicks_["to_server"]),
+            *target("apply_version_s"),
         ),
         (
-            "engine steps/s (loop counter, incl. startup of the consumer)",
-            f"{lag['server_steps_per_s']:.0f}",
-            "–",
-            "–",
+            "click Apply -> marker on the first chart (s)",
+            _seconds(clicks_["to_marker"]),
+            *target("apply_marker_s"),
         ),
         (
-            "lag in steps (lag × steps/s), first / last quarter",
-            f"{lag['step_lag_first']:.2f} / "
-            f"{lag['step_lag_last']:.2f} (max {lag['step_lag_max']:.2f})",
-            "–",
-            "–",
-        ),
-        ("steps dropped for the stream", str(lag["dropped"]), *target("dropped")),
-        (
-            f"render one refresh of {ren['frames']} steps, {ren['panels']} panels: view, charts "
-            "and their JSON as st.plotly_chart makes it (ms, median)",
-            f"{ren['build_json_ms']:.1f} (max {ren['build_json_ms_max']:.1f})",
-            *target("render_ms"),
+            "sidebar Compare -> Live: first chart drawn (s)",
+            f"{res['switches']['Compare -> Live']:.2f}",
+            *target("switch_s"),
         ),
         (
-            "… of which view and chart functions (ms, median)",
-            f"{ren['build_ms']:.1f} (max {ren['build_ms_max']:.1f})",
+            "… of which until the charts' frame started / had plotly.js / had its websocket (s)",
+            " / ".join(f"{s:.2f}" for s in res["switch_parts"]),
             "–",
             "–",
         ),
+        *[
+            (f"… {name} (s)", f"{s:.2f}", "–", "–")
+            for name, s in res["switches"].items()
+            if name != "Compare -> Live"
+        ],
         (
-            "frames into the StepWindow as they arrive (µs per frame, stream thread)",
-            f"{ren['ingest_us']:.1f}",
+            "… a new Live page from `goto` to its first chart (s)",
+            f"{res['first_load_s']:.2f}",
             "–",
             "–",
         ),
         (
-            "ratio of mean step time, 3 dashboard consumers (bundled, niced) / none",
-            f"{bundled['ratio']:.3f} "
-            f"(median of the rounds' ratios {bundled['pair_median']:.3f}; engine-thread CPU "
-            f"{bundled['cpu_ratio']:.3f})",
+            f"redraws per second of the on-screen panels ({len(rates)}), slowest",
+            f"{checks['redraw_hz']['value']:.1f} (median "
+            f"{percentile([hz for hz, _ in rates.values()], 50):.1f}; last redraw "
+            + ", ".join(f"{n} {ms:.0f} ms" for n, (_, ms) in rates.items())
+            + ")",
+            *target("redraw_hz"),
+        ),
+        (
+            "charts seen stale (Streamlit's fade) during the rate and Apply runs",
+            str(res["stale"]),
+            *target("stale"),
+        ),
+        (
+            "dashboard server CPU per open Live page (% of a core)",
+            f"{checks['cpu_pct']['value']:.1f} ("
+            + ", ".join(f"{n} pages: {pct:.1f}%" for n, pct in cpu.items())
+            + ")",
+            *target("cpu_pct"),
+        ),
+        (
+            f"engine step time, {ov['pages']} Live pages open / none",
+            f"{ov['ratio']['pages']:.3f} ({ov['mean_ms']['pages']:.2f} / "
+            f"{ov['mean_ms']['none']:.2f} ms)",
             *target("overhead"),
         ),
         (
-            "… the same ratio for two runs of none (A/A: the noise of this machine)",
-            f"{aa['ratio']:.3f} (median of the rounds' ratios {aa['pair_median']:.3f})",
+            "… two runs of none (A/A: the noise of this machine)",
+            f"{ov['ratio']['none again']:.3f}",
             "–",
             "–",
         ),
@@ -386,82 +281,52 @@ def measure_rows(res: dict[str, Any], checks: dict[str, Any]) -> list[tuple[str,
 
 
 def render_section(res: dict[str, Any], argv: list[str], runtime_s: float) -> str:
-    lag, ov = res["lag"], res["overhead"]
-    aa = ov["none again (A/A control)"]
-    fanout_ms = ov[DASHBOARD]["server"] - ov["none"]["server"]
-    fanout_pct = 100 * fanout_ms / ov["none"]["wall"]
-    title = "Dashboard stream and render (`benchmarks/dashboard_bench.py`)"
-    command = ["python", "benchmarks/dashboard_bench.py", *argv]
+    ov = res["overhead"]
+    title = "Dashboard in the browser (`benchmarks/dashboard_bench.py`)"
     lines = [
-        header(title, command, runtime_s, machine.measure()),
-        f"- Workload: {MODEL} behind a real server, kept at {RUNNING} running requests "
-        "(prompt 8, 16 output tokens); no recording. Consumers are `dashboard.stream."
-        "TelemetryStream`s with a `StepWindow`, in a separate process, like the live page's "
-        f"(the lag consumer at the dashboard's nice {NICE}). "
-        f"Lag: one consumer for {lag['seconds']:g} s, sampled every 0.25 s as now − the newest "
-        "frame's `t` (when the step was produced), and that × steps/s as steps behind. "
-        "Render: the consumer's last 600 real frames into a `StepWindow`, then its view "
-        "through `charts.live_figures` (all panels), beside the running engine. "
-        "Overhead: the loop's busy_s / steps (wall) and "
-        "busy_cpu_s / steps (engine-thread CPU) in blocks of "
-        f"{ov['block_s']:g} s, {ov['rounds']} rounds of one block per mode in rotated order; "
-        "a consumer mode is one separate process with 3 streams of that kind. The cores are "
-        "shared (other work runs at the same time)",
+        header(
+            title, ["python", "benchmarks/dashboard_bench.py", *argv], runtime_s, machine.measure()
+        ),
+        f"- Workload: `make demo`'s processes: {MODEL} with {EP_SIZE} modeled expert-parallel "
+        f"ranks, recording; `moescope load` at {RATE:g} requests/s (prompts 16-256, outputs "
+        f"16-128 tokens); `python -m dashboard` at nice {NICE}. Headless Chromium 1600x1000 "
+        "driven by Playwright from this process, at normal priority except in the overhead "
+        f"blocks (nice {BROWSER_NICE}, standing for a browser on another machine). Overhead: "
+        f"GET /api/status busy_s / steps in blocks of {ov['block_s']:g} s, {ov['rounds']} "
+        "rounds of one block per mode in rotated order. The cores are shared (other work runs "
+        "at the same time)",
         "",
         "| measure | value | target | met |",
         "| --- | --- | --- | --- |",
-        *[f"| {a} | {b} | {c} | {d} |" for a, b, c, d in measure_rows(res, res["targets"])],
+        *[f"| {a} | {b} | {c} | {d} |" for a, b, c, d in measure_rows(res)],
         "",
-        "Overhead by mode, side by side in this run (CPU ms are per engine step):",
-        "",
-        "| consumers | mean step ms (wall) | engine-thread CPU ms | server thread CPU ms | "
-        "consumer process CPU ms | ratio to none (wall; median of rounds; CPU) |",
-        "| --- | --- | --- | --- | --- | --- |",
-        *[
-            f"| {mode} | {m['wall']:.3f} | {m['cpu']:.3f} | {m['server']:.3f} | "
-            f"{m['consumer']:.3f} | {m['ratio']:.3f}; {m['pair_median']:.3f}; "
-            f"{m['cpu_ratio']:.3f} |"
-            for mode, m in ((k, ov[k]) for k in MODES)
-        ],
-        "",
-        f"Reading: the A/A control's ratio ({aa['ratio']:.3f}) is how far two identical "
-        "conditions drift apart on this shared machine; wall ratios inside that band are "
-        f"noise. The fan-out's own cost is the server thread's CPU: {fanout_ms:.3f} ms per "
-        f"step more with the dashboard's consumers than with none ({fanout_pct:.1f}% of a "
-        "step, on another thread); the consumers' own CPU is in their process, which yields "
-        "to the engine at the dashboard's priority.",
-        "",
-        "Per-block mean step ms (wall): "
-        + "; ".join(
-            f"{mode}: " + " / ".join(f"{b['wall']:.3f}" for b in ov["blocks"][mode])
-            for mode in MODES
-        )
+        "Per-block mean step ms (none / none again / pages): "
+        + "; ".join(" / ".join(f"{ms:.2f}" for ms in ov["blocks"][mode]) for mode in MODES)
         + ".",
     ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Measure and publish; returns the lag, render and overhead runs and the targets."""
+    """Measure and publish; returns the measures and the targets."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["--consumer"]:
-        consumer(argv[1], argv[2], int(argv[3]), int(argv[4]), float(argv[5]), argv[6])
-        return {}
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--lag-s", type=float, default=10.0)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--rounds", type=int, default=8)
-    p.add_argument("--block-s", type=float, default=2.5)
-    p.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
+    p.add_argument("--clicks", type=int, default=20)
+    p.add_argument("--rate-s", type=float, default=10.0)
+    p.add_argument("--cpu-s", type=float, default=15.0)
+    p.add_argument("--pages", type=int, default=3, help="Live pages open at once")
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--block-s", type=float, default=15.0)
+    p.add_argument("--quick", action="store_true", help="a smoke run of a minute or two")
     add_results_arguments(p)
     args = p.parse_args(argv)
     if args.quick:
-        args.lag_s, args.repeats, args.rounds, args.block_s = 1.5, 1, 1, 0.5
+        args.clicks, args.rate_s, args.cpu_s, args.pages = 2, 2.0, 2.0, 1
+        args.rounds, args.block_s = 1, 2.0
     t0 = time.monotonic()
     res = run(args)
     res["targets"] = check_targets(res)
-    section = render_section(res, argv, time.monotonic() - t0)
-    publish(SECTION, section, results_path(args))
+    publish(SECTION, render_section(res, argv, time.monotonic() - t0), results_path(args))
     return res
 
 

@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 
 APP = Path(__file__).with_name("app.py")
-NICE = 10  # the dashboard yields the CPU to the engine when both want it
+# At the caller's priority: the dashboard does no work per step (the browser draws the
+# charts), and what it does do, answer a click, must not wait behind the engine
+NICE = 0
 
 
 def command(url: str, port: int, address: str = "127.0.0.1") -> list[str]:
@@ -26,6 +28,8 @@ def command(url: str, port: int, address: str = "127.0.0.1") -> list[str]:
         "true",
         "--browser.gatherUsageStats",
         "false",
+        "--server.fileWatcherType",  # a served dashboard reloads no source file
+        "none",
         "--",
         "--url",
         url,
@@ -41,8 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         "--nice",
         type=int,
         default=NICE,
-        help="lower the dashboard's CPU priority by this much (0: as the "
-        "caller), so that on a busy machine the engine comes first",
+        help="lower the dashboard's CPU priority by this much (default 0: as the caller)",
     )
     args = parser.parse_args(argv)
     if args.nice:

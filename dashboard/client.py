@@ -7,7 +7,9 @@ from typing import Any
 import httpx
 
 TIMEOUT_S = 5.0
-
+# one client for every call: httpx.get would build a new client, TLS context included, each
+# time (tens of milliseconds of CPU, more than the call itself), and reconnect
+_http = httpx.Client(timeout=TIMEOUT_S)
 
 LIVE_PATH = "/ws/telemetry?bundle=1"
 
@@ -25,7 +27,7 @@ def _headers() -> dict[str, str]:
 
 def get_knobs(url: str) -> dict[str, Any]:
     """GET /api/knobs: {knobs, version, applied_version, schema}."""
-    resp = httpx.get(url.rstrip("/") + "/api/knobs", headers=_headers(), timeout=TIMEOUT_S)
+    resp = _http.get(url.rstrip("/") + "/api/knobs", headers=_headers(), timeout=TIMEOUT_S)
     resp.raise_for_status()
     return resp.json()
 
@@ -33,7 +35,7 @@ def get_knobs(url: str) -> dict[str, Any]:
 def patch_knobs(url: str, changes: dict[str, Any]) -> tuple[bool, str]:
     """PATCH /api/knobs; (True, "applied as version N") or (False, the server's message)."""
     try:
-        resp = httpx.patch(
+        resp = _http.patch(
             url.rstrip("/") + "/api/knobs",
             params={"origin": "dashboard"},
             json=changes,
@@ -59,7 +61,7 @@ def _error(resp: httpx.Response) -> str:
 
 def get_experts(url: str) -> dict[str, Any]:
     """GET /api/experts: {ep_size, mode, version, placement[layer][rank] -> experts}."""
-    resp = httpx.get(url.rstrip("/") + "/api/experts", headers=_headers(), timeout=TIMEOUT_S)
+    resp = _http.get(url.rstrip("/") + "/api/experts", headers=_headers(), timeout=TIMEOUT_S)
     resp.raise_for_status()
     return resp.json()
 
@@ -67,7 +69,7 @@ def get_experts(url: str) -> dict[str, Any]:
 def rebalance_experts(url: str, window: int, replicas: int) -> tuple[bool, str]:
     """POST /api/experts/rebalance; (True, what changed) or (False, the server's message)."""
     try:
-        resp = httpx.post(
+        resp = _http.post(
             url.rstrip("/") + "/api/experts/rebalance",
             json={"window": window, "replicas": replicas},
             headers=_headers(),
@@ -91,13 +93,13 @@ def rebalance_experts(url: str, window: int, replicas: int) -> tuple[bool, str]:
 
 def list_sessions(url: str) -> list[dict[str, Any]]:
     """GET /api/sessions: recorded sessions, newest first."""
-    resp = httpx.get(url.rstrip("/") + "/api/sessions", headers=_headers(), timeout=TIMEOUT_S)
+    resp = _http.get(url.rstrip("/") + "/api/sessions", headers=_headers(), timeout=TIMEOUT_S)
     resp.raise_for_status()
     return resp.json()["sessions"]
 
 
 def _get(url: str, path: str, **params: Any) -> dict[str, Any]:
-    resp = httpx.get(url.rstrip("/") + path, params=params, headers=_headers(), timeout=TIMEOUT_S)
+    resp = _http.get(url.rstrip("/") + path, params=params, headers=_headers(), timeout=TIMEOUT_S)
     resp.raise_for_status()
     return resp.json()
 
@@ -137,7 +139,7 @@ def preview_knobs(url: str, changes: dict[str, Any], horizon_s: float) -> tuple[
     """POST /api/whatif on the live engine: (True, the twin's answer: current and candidate
     side by side, with the fit error) or (False, the server's message)."""
     try:
-        resp = httpx.post(
+        resp = _http.post(
             url.rstrip("/") + "/api/whatif",
             json={"knobs": changes, "source": "live", "horizon_s": horizon_s},
             headers=_headers(),
@@ -177,7 +179,7 @@ def get_session_attribution(
 
 def _attribution(url: str, path: str, **params: Any) -> tuple[bool, Any]:
     try:
-        resp = httpx.get(
+        resp = _http.get(
             url.rstrip("/") + path,
             params=params,
             headers=_headers(),
@@ -192,7 +194,7 @@ def get_autopilot(url: str, history: int = 300) -> tuple[bool, Any]:
     """GET /api/autopilot: (True, settings, state, decisions and the last `history`
     measurements) or (False, the server's message)."""
     try:
-        resp = httpx.get(
+        resp = _http.get(
             url.rstrip("/") + "/api/autopilot",
             params={"history": history},
             headers=_headers(),
@@ -206,7 +208,7 @@ def get_autopilot(url: str, history: int = 300) -> tuple[bool, Any]:
 def put_autopilot(url: str, changes: dict[str, Any]) -> tuple[bool, str]:
     """PUT /api/autopilot with some settings; (True, the state now) or (False, the message)."""
     try:
-        resp = httpx.put(
+        resp = _http.put(
             url.rstrip("/") + "/api/autopilot", json=changes, headers=_headers(), timeout=TIMEOUT_S
         )
     except httpx.HTTPError as exc:

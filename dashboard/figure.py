@@ -1,8 +1,9 @@
 """Plotly figures built in one constructor call from traces and a layout dict.
 
 `go.Figure(data, layout)` validates once; `add_trace`, `update_*`, `make_subplots` and
-`add_vline` each walk the figure again and cost milliseconds apiece, which over a dozen
-panels twice a second is most of a refresh. Arrays stay numpy (Plotly sends them as binary).
+`add_vline` each walk the figure again and cost milliseconds apiece, which adds up over a
+page of panels. Arrays stay numpy (Plotly sends them as binary). The live charts' layouts
+are the same in JavaScript (live_charts_web/figure.js).
 """
 
 from collections.abc import Sequence
@@ -21,9 +22,9 @@ def _axis(title: str, **extra: Any) -> dict[str, Any]:
     return {"title": {"text": title}, **extra}
 
 
-def markers(marks: Markers, axis: str = "") -> tuple[list[Layout], list[Layout]]:
-    """Dashed vertical lines, each labelled, at the steps of knob changes (on x/y`axis`)."""
-    xref, yref = f"x{axis}", f"y{axis} domain"
+def markers(marks: Markers) -> tuple[list[Layout], list[Layout]]:
+    """Dashed vertical lines, each labelled, at the steps of knob changes."""
+    xref, yref = "x", "y domain"
     shapes = [
         {
             "type": "line",
@@ -96,50 +97,3 @@ def figure(
 def secondary_y(title: str, **extra: Any) -> Layout:
     """The layout of a right-hand y axis (`yaxis2`) over the main plot; traces set yaxis="y2"."""
     return _axis(title, overlaying="y", side="right", **extra)
-
-
-def side_by_side(
-    left: Sequence[Any],
-    right: Sequence[Any],
-    title: str,
-    titles: tuple[str, str],
-    x_titles: tuple[str, str],
-    y_titles: tuple[str, str],
-    marks: Markers = (),
-    span: Span = None,
-    **layout: Any,
-) -> go.Figure:
-    """Two plots in one panel (left: x/y, right: x2/y2, where `marks`, `span` and the
-    legend go)."""
-    for trace in right:
-        trace.update(xaxis="x2", yaxis="y2")
-    shapes, notes = markers(marks, "2")
-    subtitles = [
-        {
-            "xref": "paper",
-            "yref": "paper",
-            "x": x,
-            "y": 1.0,
-            "text": text,
-            "showarrow": False,
-            "xanchor": "center",
-            "yanchor": "bottom",
-        }
-        for x, text in zip((0.2, 0.775), titles, strict=True)
-    ]
-    return figure(
-        [*left, *right],
-        title,
-        **_merged(
-            {
-                "xaxis": _axis(x_titles[0], domain=[0, 0.4]),
-                "yaxis": _axis(y_titles[0]),
-                "xaxis2": _axis(x_titles[1], domain=[0.55, 1], anchor="y2", **_range(span)),
-                "yaxis2": _axis(y_titles[1], anchor="x2"),
-                "legend": {"x": 0.55},
-                "shapes": shapes,
-                "annotations": subtitles + notes,
-            },
-            layout,
-        ),
-    )

@@ -1,5 +1,7 @@
-"""The live page: telemetry charts refreshed at ~2 Hz; knobs and expert rebalancing in the
-sidebar."""
+"""The live page: the telemetry panels, drawn in the browser from /ws/telemetry (the
+live-charts component); knobs and expert rebalancing in the sidebar, each a fragment, so that
+Apply redraws its own form and nothing else (the charts show the new version and its marker
+from the telemetry itself)."""
 
 from typing import Any
 
@@ -7,47 +9,20 @@ import streamlit as st
 
 from dashboard import autopilot_panel, charts, why_slow_panel
 from dashboard.client import (
+    LIVE_PATH,
     get_experts,
     get_knobs,
     get_scorecard,
     patch_knobs,
     preview_knobs,
     rebalance_experts,
-    ws_url,
 )
-from dashboard.stream import CONNECTED, TelemetryStream
+from dashboard.live_charts import live_charts
 from dashboard.whatif_view import preview_caption, preview_rows, scorecard_rows
-from dashboard.window import StepWindow, WindowView
 
-REFRESH_S = 0.5
-MAX_WINDOW = 600
+MAX_WINDOW = 600  # steps the browser keeps
+SHOWN = 300  # steps shown at first
 PREVIEW_HORIZON_S = 60.0
-ROWS = (
-    ("batch", "usage"),
-    ("kv", "queues"),
-    ("kv_blocks",),
-    ("experts", "imbalance"),
-    ("a2a", "a2a_volume"),
-    ("ranks",),
-    ("latency", "throughput"),
-    ("step_time",),
-)
-
-
-def new_stream(url: str) -> TelemetryStream:
-    """A live stream as the page runs it: bundled telemetry into a StepWindow."""
-    return TelemetryStream(ws_url(url), maxlen=MAX_WINDOW, window=StepWindow(MAX_WINDOW)).start()
-
-
-def stream_for(url: str) -> TelemetryStream:
-    """One stream per browser session, replaced when the URL changes."""
-    stream: TelemetryStream | None = st.session_state.get("stream")
-    if stream is None or stream.ws_url != ws_url(url):
-        if stream is not None:
-            stream.stop()
-        stream = new_stream(url)
-        st.session_state["stream"] = stream
-    return stream
 
 
 def knob_input(name: str, entry: dict[str, Any], value: Any, key: str) -> None:
@@ -139,6 +114,7 @@ def scorecard_panel(url: str) -> None:
         st.table(scorecard_rows(entries))
 
 
+@st.fragment
 def knob_panel(url: str) -> None:
     st.header("Knobs")
     try:
@@ -168,6 +144,7 @@ def knob_panel(url: str) -> None:
     scorecard_panel(url)
 
 
+@st.fragment
 def rebalance_panel(url: str) -> None:
     """Re-place experts from recent loads (POST /api/experts/rebalance); shows the answer."""
     st.header("Expert placement")
@@ -206,38 +183,12 @@ def rebalance_panel(url: str) -> None:
     st.plotly_chart(charts.placement_map(info), key="placement")
 
 
-def draw_charts(view: WindowView) -> None:
-    """Every panel, two a row (the wide ones alone)."""
-    figures = charts.live_figures(view)
-    for row in ROWS:
-        for col, name in zip(st.columns(len(row)), row, strict=True):
-            col.plotly_chart(figures[name], key=f"chart_{name}")
-
-
-@st.fragment(run_every=REFRESH_S)
-def live_view(stream: TelemetryStream, window: int) -> None:
-    view = stream.view(window)
-    last = view.latest
-    cols = st.columns(4)
-    cols[0].metric("connection", stream.state)
-    cols[1].metric("step", last["step"] if last else "–")
-    cols[2].metric("knobs version", last["knobs_version"] if last else "–")
-    cols[3].metric("dropped steps", stream.dropped)
-    if stream.state != CONNECTED and stream.error:
-        st.caption(stream.error)
-    if not len(view):
-        st.info("waiting for telemetry…")
-        return
-    draw_charts(view)
-
-
 def page() -> None:
     url = st.session_state["url"]
+    live_charts(url, LIVE_PATH, key="live_charts", max_steps=MAX_WINDOW, shown=SHOWN)
+    why_slow_panel.live(url)
     with st.sidebar:
-        window = st.slider("steps shown", 50, MAX_WINDOW, 300, step=50)
         knob_panel(url)
         autopilot_panel.sidebar(url)
         rebalance_panel(url)
-    live_view(stream_for(url), window)
-    why_slow_panel.live(url)
     autopilot_panel.main(url)

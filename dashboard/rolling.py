@@ -50,25 +50,3 @@ class RollingRate:
         if span <= 0:
             return np.full(len(counts), math.nan)
         return (self.total - first) / span
-
-
-class RollingSum:
-    """The element-wise sum of the last `window` arrays (restarted when their shape changes)."""
-
-    def __init__(self, window: int) -> None:
-        self.window = window
-        self.arrays: deque[np.ndarray] = deque()
-        self.total: np.ndarray | None = None
-
-    def add(self, array: np.ndarray) -> None:
-        if self.total is None or self.total.shape != array.shape:
-            self.arrays.clear()
-            self.total = np.zeros_like(array)
-        self.arrays.append(array)
-        self.total = self.total + array
-        if len(self.arrays) > self.window:
-            self.total = self.total - self.arrays.popleft()
-
-    @property
-    def count(self) -> int:
-        return len(self.arrays)

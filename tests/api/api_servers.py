@@ -44,8 +44,12 @@ class Served:
 
 
 def serve(
-    settings: ServerSettings, send_buffer: int | None = None, **engine_args: object
+    settings: ServerSettings,
+    send_buffer: int | None = None,
+    port: int = 0,
+    **engine_args: object,
 ) -> Served:
+    """A server on `port` (0: a free one) around a new engine loop."""
     args = {
         "num_kv_blocks": KV_BLOCKS,
         "max_num_seqs": 8,
@@ -53,7 +57,7 @@ def serve(
         **engine_args,
     }
     loop = build_loop(MODEL, **args)
-    server = ServerThread(create_app(loop, settings), send_buffer=send_buffer).start()
+    server = ServerThread(create_app(loop, settings), port=port, send_buffer=send_buffer).start()
     return Served(server, loop, settings)
 
 

@@ -7,12 +7,13 @@ import httpx
 import openai
 import pytest
 from api_servers import MODEL, TIMEOUT, Served, serve, stop, telemetry_ws, ws_connect
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosedError
 
 from api.cli import build_parser
 from api.settings import ServerSettings
 
 KEY, ADMIN = "sk-test-key", "sk-admin-key"
+REFUSAL = "missing or invalid API key (Authorization: Bearer <key>)"
 ENDPOINTS = [
     ("GET", "/v1/models"),
     ("GET", "/api/status"),
@@ -71,9 +72,12 @@ def test_websocket_needs_the_key_as_header_or_query(guarded: Served) -> None:
         (guarded.ws_url + "?token=wrong", None),
         (guarded.ws_url, _auth("wrong")),
     ):
-        with pytest.raises(InvalidStatus) as info:
-            ws_connect(url, additional_headers=headers)
-        assert info.value.response.status_code == 403
+        with ws_connect(url, additional_headers=headers) as ws:
+            assert json.loads(ws.recv(timeout=TIMEOUT)) == {"error": REFUSAL, "code": 401}
+            with pytest.raises(ConnectionClosedError) as info:
+                ws.recv(timeout=TIMEOUT)
+        assert info.value.rcvd is not None
+        assert (info.value.rcvd.code, info.value.rcvd.reason) == (1008, REFUSAL)
     for seqs, (query, headers) in enumerate(((f"?token={KEY}&every=1", None), ("", _auth(KEY))), 5):
         with telemetry_ws(guarded, query, additional_headers=headers) as (ws, _):
             # a change makes a step

@@ -1,5 +1,6 @@
 """Synthetic StepTelemetry frames for the chart tests."""
 
+import random
 from typing import Any
 
 
@@ -87,3 +88,48 @@ def old_frame(step: int) -> dict[str, Any]:
     f["a2a"] = {k: f["a2a"][k] for k in ("ep_size", "mode", "bytes")}
     del f["kv"]["watermark_blocks"]
     return f
+
+
+def varied_frame(rng: random.Random, step: int, t: float) -> dict[str, Any]:
+    """Step `step` at time `t` with numbers drawn from `rng`: latencies (none to three
+    requests), batch, KV, stage times, expert loads (some dropped), measured or modeled
+    all-to-all, and now and then a knob change."""
+    f = frame(step, {"max_num_seqs": [8, rng.randint(1, 8)]} if rng.random() < 0.1 else None)
+    f["t"] = t
+    f["latency"] = {
+        "ttft_ms": [rng.uniform(0, 500) for _ in range(rng.randint(0, 3))],
+        "tpot_ms": [rng.choice([1.0, 2.5, rng.uniform(0, 40)]) for _ in range(rng.randint(0, 3))],
+    }
+    slots = rng.sample(range(4), rng.randint(0, 4))
+    f["batch"]["slots"] = [
+        {
+            "slot": s,
+            "req": f"r{rng.randint(0, 12)}",
+            "phase": rng.choice(["prefill", "decode"]),
+            "tokens": rng.randint(1, 16),
+            "ctx": rng.randint(1, 90),
+        }
+        for s in slots
+    ]
+    f["batch"]["num_prefill_tokens"] = rng.randint(0, 48)
+    f["batch"]["num_decode_tokens"] = rng.randint(0, 4)
+    f["dur_ms"] = {k: rng.uniform(0, 5) for k in f["dur_ms"]}
+    f["kv"].update(used=rng.randint(0, 50), cached=rng.randint(0, 10), free=rng.randint(0, 50))
+    f["queue"].update(waiting=rng.randint(0, 9), preempted=rng.randint(0, 2))
+    f["experts"]["counts"] = [[rng.randint(0, 9) for _ in range(4)] for _ in range(2)]
+    f["experts"]["dropped"] = [rng.choice([0, 0, 3]), 0]
+    f["a2a"]["mode"] = rng.choice(["measured", "modeled"])
+    f["a2a"]["bytes"] = [[rng.randint(0, 999) for _ in range(2)] for _ in range(2)]
+    f["a2a"]["imbalance"] = rng.uniform(1, 2)
+    return f
+
+
+def varied_frames(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """`n` varied frames, 1 to 30 ms apart (some at the same time)."""
+    rng = random.Random(seed)
+    t = 1000.0
+    out = []
+    for step in range(n):
+        t += rng.choice([0.0, rng.uniform(0.001, 0.03)])
+        out.append(varied_frame(rng, step, t))
+    return out

@@ -6,25 +6,14 @@ from typing import Any
 
 import httpx
 import pytest
-from api_servers import TIMEOUT, Served, traffic, wait_for, wait_idle
+from api_servers import TIMEOUT, Served, traffic, wait_idle
 from streamlit.testing.v1 import AppTest
 
-from dashboard.charts import PANELS
 from dashboard.client import get_knobs
 
 pytestmark = pytest.mark.slow
 
 APP = str(Path(__file__).parents[2] / "dashboard" / "app.py")
-
-
-def _charts(at: AppTest) -> list[Any]:
-    """The page's telemetry charts, without the "Why slow?" panel's (keys `why_...`) and the
-    autopilot's (`autopilot_...`)."""
-    return [
-        c
-        for c in at.get("plotly_chart")
-        if "-why_" not in c.proto.id and "-autopilot_" not in c.proto.id
-    ]
 
 
 def _app(served: Served) -> AppTest:
@@ -33,20 +22,27 @@ def _app(served: Served) -> AppTest:
     return at.run()
 
 
-def test_live_page_draws_every_panel_from_the_stream(served: Served) -> None:
+def _charts_args(at: AppTest) -> dict[str, Any]:
+    """The arguments of the page's one live-charts component."""
+    (charts,) = [
+        c for c in at.get("component_instance") if c.proto.component_name.endswith("live_charts")
+    ]
+    return json.loads(charts.proto.json_args)
+
+
+def test_live_page_gives_the_browser_the_telemetry_socket(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MOESCOPE_API_KEY", "sk-browser")
     at = _app(served)
     assert not at.exception
-    stream = at.session_state["stream"]
-    wait_for(lambda: stream.state == "connected", what="the stream to connect")
-    traffic(served.loop, 4, 16)
-    wait_for(lambda: stream.received >= 10, what="telemetry")
-    at.run()
-    assert not at.exception
-    charts = _charts(at)
-    assert len(charts) == len(PANELS) + 1  # the panels and the sidebar's placement map
-    assert at.metric[0].value == "connected"
-    assert int(at.metric[1].value) >= stream.frames()[0]["step"]
-    stream.stop()
+    args = _charts_args(at)
+    assert args["source"] == served.ws_url + "?bundle=1"
+    assert args["token"] == "sk-browser"
+    assert (args["max_steps"], args["shown"], args["replay"]) == (600, 300, False)
+    # the server draws no telemetry chart: only the sidebar's placement map (and "Why slow?")
+    drawn = [c.proto.id for c in at.get("plotly_chart") if "-why_" not in c.proto.id]
+    assert len(drawn) == 1 and drawn[0].endswith("-placement")
 
 
 def test_rebalance_posts_to_the_server_and_shows_its_answer(served: Served) -> None:
@@ -70,7 +66,6 @@ def test_rebalance_posts_to_the_server_and_shows_its_answer(served: Served) -> N
     at.button(key="rebalance").click().run()
     assert "replicas (999) must be at most" in at.error[0].value
     assert httpx.get(served.url + "/api/experts").json()["version"] == before + 1
-    at.session_state["stream"].stop()
 
 
 def test_apply_sends_the_patch_and_shows_a_refusal(served: Served) -> None:
@@ -86,7 +81,6 @@ def test_apply_sends_the_patch_and_shows_a_refusal(served: Served) -> None:
     at.button(key="apply").click().run()
     assert "must be at least max_num_seqs (6)" in at.error[0].value
     assert get_knobs(served.url)["knobs"]["max_num_batched_tokens"] != 2
-    at.session_state["stream"].stop()
 
 
 def _replay_script() -> None:
@@ -95,25 +89,24 @@ def _replay_script() -> None:
     replay.page()
 
 
-def test_replay_page_plays_a_recorded_session_to_its_end(served: Served) -> None:
+def test_replay_page_gives_the_browser_the_replay_socket(served: Served) -> None:
     traffic(served.loop, 2, 8)
     wait_idle(served.loop)
     at = AppTest.from_function(_replay_script, default_timeout=TIMEOUT)
     at.session_state["url"] = served.url
     at.run()
     assert not at.exception
-    assert at.selectbox(key="replay_session").value["id"] == served.loop.engine.session
+    assert not at.get("component_instance")  # nothing played yet
+    session = at.selectbox(key="replay_session").value["id"]
+    assert session == served.loop.engine.session
     at.selectbox(key="replay_speed").set_value(0.0)
     at.button(key="replay_play").click().run()
-    stream = at.session_state["replay_stream"]
-    wait_for(lambda: (stream.replay or {}).get("state") == "ended", what="the replay to end")
-    at.run()
     assert not at.exception
-    assert at.metric[0].value == "ended"
-    assert len(_charts(at)) == len(PANELS)
-    steps = [f["step"] for f in stream.frames()]
-    assert steps == sorted(steps) and len(steps) >= 8
-    stream.stop()
+    args = _charts_args(at)
+    assert args["source"] == served.url.replace("http", "ws") + f"/ws/replay/{session}?speed=0.0"
+    assert (args["replay"], args["speed"], args["nonce"]) == (True, 0.0, 1)
+    at.button(key="replay_play").click().run()  # the same again: the browser starts over
+    assert _charts_args(at)["nonce"] == 2
 
 
 def test_preview_shows_the_twins_prediction_and_applies_nothing(served: Served) -> None:
@@ -135,4 +128,3 @@ def test_preview_shows_the_twins_prediction_and_applies_nothing(served: Served) 
     at.button(key="apply").click().run()  # the prediction stays beside the applied change
     assert "accepted as version" in at.success[0].value
     assert len(at.table) >= 1 and any("preview of" in c.value for c in at.caption)
-    at.session_state["stream"].stop()

@@ -6,7 +6,7 @@ import random
 import numpy as np
 import pytest
 
-from dashboard.rolling import RollingPercentiles, RollingRate, RollingSum
+from dashboard.rolling import RollingPercentiles, RollingRate
 
 
 def test_percentiles_match_numpy_over_the_last_values() -> None:
@@ -40,12 +40,3 @@ def test_rate_counts_the_steps_after_the_windows_first() -> None:
     assert out[1] == pytest.approx([40.0, 4.0])  # 20 over 0.5 s
     assert out[3] == pytest.approx([(20 + 30 + 40) / 2.0, 9 / 2.0])  # steps 1..3 since t=0
     assert out[4] == pytest.approx([(30 + 40 + 50) / 2.0, 12 / 2.0])  # steps 2..4 since t=0.5
-
-
-def test_sum_keeps_the_last_arrays_and_restarts_on_a_new_shape() -> None:
-    total = RollingSum(window=3)
-    for i in range(5):
-        total.add(np.full((2, 2), i))
-    assert total.count == 3 and total.total.tolist() == [[9, 9], [9, 9]]  # 2 + 3 + 4
-    total.add(np.ones(3, dtype=int))
-    assert total.count == 1 and total.total.tolist() == [1, 1, 1]

@@ -96,7 +96,6 @@ def test_live_page_shows_the_live_windows_causes(server: FakeServer) -> None:
         assert server.queries("/api/attribution")[0]["window_s"] == ["60.0"]
     finally:
         poller.stop()
-        at.session_state["stream"].stop()
 
 
 def test_live_panel_shows_the_servers_message(server: FakeServer) -> None:
@@ -113,7 +112,6 @@ def test_live_panel_shows_the_servers_message(server: FakeServer) -> None:
         assert _why_slow(at, "why_live") == []
     finally:
         poller.stop()
-        at.session_state["stream"].stop()
 
 
 def _replay_script() -> None:
@@ -135,19 +133,16 @@ def test_replay_page_shows_the_replayed_sessions_causes_or_why_it_cannot(
     at.session_state["url"] = server.url
     at.run()
     assert not at.exception and _why_slow(at, "why_replay") == []  # nothing played yet
-    try:
-        _play(at, SESSIONS[0])
-        assert _why_slow(at, "why_replay") == [
-            "why_replay_tpot",
-            "why_replay_ttft",
-            "why_replay_waterfall",
-        ]
-        assert "**62% of p90 TTFT is queueing for a slot: max_num_seqs**" in _markdown(at)
-        assert "3 requests in the session" in [c.value for c in at.caption]
-        (query,) = server.queries("/api/sessions/new/attribution")
-        assert query["bucket_s"] == ["5"]  # 200 s in 40 bars
-        _play(at, SESSIONS[1])
-        assert OLD in [w.value for w in at.warning]
-        assert _why_slow(at, "why_replay") == []
-    finally:
-        at.session_state["replay_stream"].stop()
+    _play(at, SESSIONS[0])
+    assert _why_slow(at, "why_replay") == [
+        "why_replay_tpot",
+        "why_replay_ttft",
+        "why_replay_waterfall",
+    ]
+    assert "**62% of p90 TTFT is queueing for a slot: max_num_seqs**" in _markdown(at)
+    assert "3 requests in the session" in [c.value for c in at.caption]
+    (query,) = server.queries("/api/sessions/new/attribution")
+    assert query["bucket_s"] == ["5"]  # 200 s in 40 bars
+    _play(at, SESSIONS[1])
+    assert OLD in [w.value for w in at.warning]
+    assert _why_slow(at, "why_replay") == []

@@ -1,0 +1,47 @@
+"""The live-charts component: the Live and Replay pages' panels, drawn in the browser.
+
+A Streamlit custom component (components v1, plain files in `live_charts_web/`, no build
+step). The browser opens the telemetry websocket itself, keeps its own rolling window and
+redraws with plotly.js; Python only sends the arguments once per page run, so no frame
+passes through the dashboard's server. plotly.js is the copy inside the installed `plotly`
+package, served by Streamlit as a second component's folder, PLOTLY_JS (nothing comes from a
+CDN); index.html names it.
+"""
+
+import os
+from pathlib import Path
+from typing import Any
+
+import plotly
+import streamlit.components.v1 as components
+
+from dashboard.client import ws_url
+
+WEB = Path(__file__).with_name("live_charts_web")
+PLOTLY = Path(plotly.__file__).with_name("package_data")
+
+_charts = components.declare_component("live_charts", path=str(WEB))
+# never drawn: its folder is served, at /component/<its name>/
+PLOTLY_JS = components.declare_component("plotly_js", path=str(PLOTLY)).name
+
+
+def browser_token() -> str:
+    """The key the browser's websocket sends: the API key, else the admin key (which the
+    server accepts everywhere); empty when none is set."""
+    return os.environ.get("MOESCOPE_API_KEY") or os.environ.get("MOESCOPE_ADMIN_KEY") or ""
+
+
+def live_charts(url: str, path: str, key: str, max_steps: int, shown: int, **replay: Any) -> None:
+    """The panels for the websocket at `url` + `path` (ws://, with the browser's token),
+    keeping `max_steps` steps and showing the last `shown`. `replay` (speeds, speed, nonce)
+    adds the replay controls; a new nonce starts the replay over."""
+    _charts(
+        source=ws_url(url, path),
+        token=browser_token(),
+        max_steps=max_steps,
+        shown=shown,
+        replay=bool(replay),
+        **replay,
+        key=key,
+        default=None,
+    )

@@ -1,0 +1,65 @@
+// The panels on the page: one div each, laid out in ROWS, redrawn with Plotly.react from a
+// window view. Only panels on screen are redrawn, one at a time (one per animation frame, the
+// most overdue first), so that a click on the page never waits behind a whole redraw.
+
+import { PANELS, ROWS } from "./panels.js";
+
+const CONFIG = { displaylogo: false, responsive: true };
+
+export class Charts {
+  constructor(root) {
+    this.divs = {};
+    this.visible = new Set();
+    this.stale = new Set(Object.keys(PANELS)); // not drawn since the data changed
+    this.drawnAt = {}; // panel -> when it was last drawn (performance.now())
+    const observer = new IntersectionObserver((entries) => {
+      for (const entry of entries) {
+        const name = entry.target.dataset.panel;
+        if (entry.isIntersecting) this.visible.add(name);
+        else this.visible.delete(name);
+      }
+    });
+    for (const row of ROWS) {
+      const line = document.createElement("div");
+      line.className = `row cols-${row.length}`;
+      for (const name of row) {
+        const div = document.createElement("div");
+        div.className = "panel";
+        div.dataset.panel = name;
+        div.dataset.draws = "0";
+        line.append(div);
+        this.divs[name] = div;
+        this.drawnAt[name] = -Infinity;
+        observer.observe(div);
+      }
+      root.append(line);
+    }
+  }
+
+  /** Marks every panel as out of date (new data arrived). */
+  invalidate() {
+    for (const name of Object.keys(PANELS)) this.stale.add(name);
+  }
+
+  /** Redraws from `view` the out-of-date panel on screen that was drawn longest ago, if it
+   * was drawn before `before`; whether one was drawn. A panel's div counts its draws and
+   * keeps the last one's milliseconds (the tests and the benchmark read them). */
+  drawNext(view, before) {
+    let next = null;
+    for (const name of this.visible) {
+      if (this.stale.has(name) && this.drawnAt[name] < before) {
+        if (next === null || this.drawnAt[name] < this.drawnAt[next]) next = name;
+      }
+    }
+    if (next === null) return false;
+    const t0 = performance.now();
+    const { data, layout } = PANELS[next](view);
+    const div = this.divs[next];
+    window.Plotly.react(div, data, layout, CONFIG);
+    this.stale.delete(next);
+    this.drawnAt[next] = t0;
+    div.dataset.draws = String(Number(div.dataset.draws) + 1);
+    div.dataset.ms = (performance.now() - t0).toFixed(1);
+    return true;
+  }
+}

@@ -1,0 +1,105 @@
+// The live-charts component: on the page's render message it opens the websocket named by
+// its arguments and, once plotly.js is there, redraws the panels from its own rolling window
+// a few times a second. Python sends the arguments once; no frame passes through it.
+
+import { Charts } from "./draw.js";
+import { Connection } from "./connection.js";
+import { showControls } from "./controls.js";
+import { Feed } from "./feed.js";
+import { followHeight, onRender } from "./protocol.js";
+import { showStatus } from "./status.js";
+import { StepWindow } from "./window.js";
+
+const TICK_MS = 150; // a panel is redrawn at most this often: over 5 Hz, with time to spare
+const FRAME_BUDGET_MS = 40; // panels drawn in one animation frame until this much time went
+const $ = (id) => document.getElementById(id);
+
+/** Why the charts cannot be drawn, if plotly.js (index.html's script tag) did not load. */
+function plotlyFailure() {
+  const tag = $("plotly");
+  return tag.dataset.failed ? `cannot load plotly.js from ${tag.src}` : "";
+}
+
+/** The websocket address of an attempt: the token as a query parameter (browsers cannot set
+ * headers on a websocket); a replay resumes after the last step it showed. */
+function address(args, feed) {
+  const url = new URL(args.source);
+  if (args.token) url.searchParams.set("token", args.token);
+  const latest = feed.window.latest;
+  if (args.replay && latest) url.searchParams.set("from", String(latest.step + 1));
+  return url.toString();
+}
+
+/** One source's connection, window and redraw loop, until `stop`. */
+class Session {
+  constructor(args, charts) {
+    this.key = JSON.stringify([args.source, args.token, args.nonce]);
+    this.shown = args.shown;
+    this.charts = charts;
+    this.feed = new Feed(new StepWindow(args.max_steps));
+    if (args.replay) this.feed.replay = { state: "playing", speed: args.speed }; // as it starts
+    this.state = "connecting";
+    this.detail = "";
+    this.connection = new Connection(() => address(args, this.feed), {
+      onText: (text) => this.feed.read(text),
+      onState: (state, detail) => {
+        if (state === "connected") performance.mark("connected");
+        [this.state, this.detail] = [state, detail];
+        this.status();
+      },
+    }).start();
+    showControls($("controls"), args, {
+      onShown: (n) => {
+        this.shown = n;
+        this.feed.changed = true;
+      },
+      send: (msg) => this.connection.send(msg),
+      onSeek: () => this.feed.seek(),
+    });
+    this.view = this.feed.window.view(this.shown);
+    this.viewAt = -Infinity;
+    this.status();
+    this.frame = requestAnimationFrame(() => this.loop());
+  }
+
+  /** Once an animation frame (none while the tab is hidden): a new view when something
+   * arrived and the last is TICK_MS old, then the most overdue panels redrawn, within
+   * FRAME_BUDGET_MS (a frame's paint is shared by its panels; a click waits for one frame). */
+  loop() {
+    const now = performance.now();
+    if (now - this.viewAt >= TICK_MS && this.feed.take()) {
+      this.view = this.feed.window.view(this.shown);
+      this.viewAt = now;
+      this.charts.invalidate();
+      this.status();
+    }
+    while (
+      window.Plotly &&
+      performance.now() - now < FRAME_BUDGET_MS &&
+      this.charts.drawNext(this.view, now - TICK_MS)
+    );
+    this.frame = requestAnimationFrame(() => this.loop());
+  }
+
+  status() {
+    const detail = [this.detail, plotlyFailure()].filter((x) => x).join(" · ");
+    showStatus($("status"), this.state, detail, this.feed);
+  }
+
+  stop() {
+    cancelAnimationFrame(this.frame);
+    this.connection.stop();
+  }
+}
+
+const charts = new Charts($("panels"));
+let session = null;
+
+onRender((args) => {
+  const key = JSON.stringify([args.source, args.token, args.nonce]);
+  if (session && session.key === key) return;
+  if (session) session.stop();
+  charts.invalidate();
+  session = new Session(args, charts);
+});
+followHeight();

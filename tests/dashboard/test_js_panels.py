@@ -1,0 +1,182 @@
+"""The live charts' panels in JavaScript on windows of synthetic frames: traces, axes and knob
+markers; the panels the Compare page also draws (dashboard/charts.py) carry the same data."""
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from browser import CHROMIUM
+from frames import frame, frames, old_frame, varied_frames
+from js_modules import js_page, js_panel
+from playwright.sync_api import Page
+
+from dashboard import compare_page
+from dashboard.window import StepWindow
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="no /usr/bin/chromium"),
+]
+
+PANELS = ("batch", "usage", "kv", "queues", "kv_blocks", "experts", "imbalance", "a2a")
+PANELS += ("a2a_volume", "ranks", "latency", "throughput", "step_time")
+TIME_SERIES = tuple(p for p in PANELS if p not in ("experts", "a2a"))
+Figure = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def page() -> Iterator[Page]:
+    with js_page() as p:
+        yield p
+
+
+def _names(fig: Figure) -> list[str]:
+    return [t.get("name") for t in fig["data"]]
+
+
+def _title(fig: Figure) -> str:
+    return fig["layout"]["title"]["text"]
+
+
+def test_time_series_carry_the_knob_marker_on_a_fixed_span(page: Page) -> None:
+    for name in TIME_SERIES:
+        fig = js_panel(page, name, frames())
+        layout = fig["layout"]
+        assert [s["x0"] for s in layout["shapes"]] == [10], name
+        assert layout["annotations"][-1]["text"] == "v2: max_num_seqs 8→4", name
+        assert _title(fig), name
+        axis = layout["xaxis2"] if name in ("kv_blocks", "ranks") else layout["xaxis"]
+        assert axis["range"] == [-0.5, 29.5], name  # labels must not widen it
+
+
+def test_an_empty_window_draws_every_panel(page: Page) -> None:
+    for name in PANELS:
+        assert _title(js_panel(page, name, [])), name
+
+
+def test_batch_heatmap_colours_by_request_and_marks_prefill(page: Page) -> None:
+    fig = js_panel(page, "batch", frames(5))
+    heat, prefill = fig["data"]
+    assert heat["type"] == "heatmap" and heat["x"] == [0, 1, 2, 3, 4]
+    assert len(heat["z"]) == 4  # max_slots rows
+    assert heat["z"][3][0] is None  # slot 3 is empty
+    assert heat["z"][1][0] == heat["z"][1][4] != heat["z"][2][0]  # one colour per request
+    assert heat["text"][1][0] == "a decode 1 tok, ctx 20"
+    assert prefill["name"] == "prefill" and prefill["y"] == [0] * 5
+    assert fig["layout"]["yaxis"]["title"]["text"] == "slot"
+
+
+def test_usage_and_kv(page: Page) -> None:
+    occ, budget = js_panel(page, "usage", frames(3))["data"]
+    assert occ["y"] == pytest.approx([0.75] * 3) and budget["y"] == pytest.approx([18 / 64] * 3)
+    kv = js_panel(page, "kv", frames(3))
+    assert _names(kv) == ["used", "cached", "free", "usable", "watermark"]
+    assert {t["stackgroup"] for t in kv["data"][:3]} == {"kv"}
+    assert kv["data"][4]["y"] == [54] * 3
+
+
+def test_kv_blocks_per_running_request(page: Page) -> None:
+    fig = js_panel(page, "kv_blocks", frames(4))
+    bars, peak, mean = fig["data"]
+    assert bars["type"] == "bar" and bars["x"] == ["slot 0", "slot 1", "slot 2"]
+    assert bars["y"] == [1, 2, 1] and bars["customdata"] == [["p3", 16], ["a", 20], ["b", 9]]
+    assert (mean["name"], mean["xaxis"], mean["yaxis"]) == ("mean per request", "x2", "y2")
+    assert mean["y"] == pytest.approx([4 / 3] * 4) and peak["y"] == [2] * 4
+    assert [a["text"] for a in fig["layout"]["annotations"]] == ["latest step", "over steps"]
+    assert fig["layout"]["xaxis2"]["domain"] == [0.55, 1]
+
+
+def test_experts_latest_and_rolling_and_imbalance(page: Page) -> None:
+    fig = js_panel(page, "experts", frames(30))
+    latest, rolling = fig["data"]
+    assert latest["z"] == [[6, 2, 2, 2], [3, 3, 3, 3]]
+    assert rolling["z"][0] == [180, 60, 60, 60]
+    assert fig["layout"]["annotations"][1]["text"] == "last 30 steps"
+    imb = js_panel(page, "imbalance", frames(3))
+    assert _names(imb) == ["layer 0", "layer 1"]
+    assert imb["data"][0]["y"] == [2.0] * 3 and imb["data"][1]["y"] == [1.0] * 3
+    dropping = [frame(i) for i in range(3)]
+    dropping[1]["experts"]["dropped"] = [2, 1]
+    imb = js_panel(page, "imbalance", dropping)
+    assert imb["data"][-1]["name"] == "dropped tokens" and imb["data"][-1]["y"] == [0, 3, 0]
+    assert imb["layout"]["yaxis2"]["overlaying"] == "y"
+
+
+def test_a2a_is_labelled_with_its_mode_and_its_volume_split_by_mode(page: Page) -> None:
+    fig = js_panel(page, "a2a", frames(2))
+    assert "modeled" in _title(fig) and fig["data"][0]["z"] == [[0, 128], [256, 0]]
+    assert fig["layout"]["yaxis"]["title"]["text"] == "source rank"
+    fs = frames(4)
+    fs[2]["a2a"] = {
+        **fs[2]["a2a"],
+        "mode": "measured",
+        "bytes": [[0, 1000], [24, 0]],
+        "gather_bytes": [[0, 0], [0, 0]],
+    }
+    measured, modeled, gather = js_panel(page, "a2a_volume", fs)["data"]
+    assert measured["name"] == "measured bytes" and modeled["name"] == "modeled bytes"
+    assert math.isnan(measured["y"][0]) and measured["y"][2] == 1024
+    assert modeled["y"][0] == 384 and math.isnan(modeled["y"][2])
+    assert gather["name"] == "modeled all-gather" and gather["line"]["dash"] == "dot"
+    assert gather["y"][0] == 128 and math.isnan(gather["y"][2])
+    title = _title(js_panel(page, "a2a_volume", fs))
+    assert title == "All-to-all volume per step (measured and modeled)"
+    only = js_panel(page, "a2a_volume", [old_frame(i) for i in range(2)])
+    assert _names(only) == ["modeled bytes"] and "(modeled)" in _title(only)
+
+
+def test_rank_load_bars_and_imbalance_over_time(page: Page) -> None:
+    fs = frames(3)
+    fs[2]["a2a"] = {
+        **fs[2]["a2a"],
+        "mode": "measured",
+        "rank_tokens": [12, 4],
+        "rank_moe_ms": [0.5, 0.25],
+        "imbalance": 1.5,
+        "placement_version": 2,
+    }
+    fig = js_panel(page, "ranks", fs)
+    bars, line = fig["data"]
+    assert bars["x"] == ["rank 0", "rank 1"] and bars["y"] == [12, 4]
+    assert bars["hovertext"] == ["0.500 ms MoE", "0.250 ms MoE"]
+    assert line["y"] == pytest.approx([1.25, 1.25, 1.5]) and line["xaxis"] == "x2"
+    assert "placement v2" in _title(fig)
+    old = js_panel(page, "ranks", [old_frame(i) for i in range(3)])
+    assert "no per-rank loads" in _title(old)
+    assert old["data"][0]["y"] == [] and all(math.isnan(y) for y in old["data"][1]["y"])
+
+
+def test_latency_throughput_step_time_queues(page: Page) -> None:
+    steps = frames(101)
+    lat = js_panel(page, "latency", steps)
+    assert _names(lat) == ["TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99"]
+    assert lat["data"][0]["y"][-1] == pytest.approx(68.5)  # median of TTFT 37..100
+    assert lat["data"][2]["yaxis"] == "y2"
+    assert lat["layout"]["yaxis2"]["title"]["text"] == "TPOT ms"
+    thr = js_panel(page, "throughput", steps)["data"]
+    assert math.isnan(thr[0]["y"][0]) and thr[0]["y"][-1] == pytest.approx(1800)
+    assert thr[1]["y"][-1] == pytest.approx(200)
+    st = js_panel(page, "step_time", steps)
+    assert _names(st) == ["schedule", "prepare", "forward", "sample", "moe (within forward)"]
+    q = js_panel(page, "queues", steps)
+    assert _names(q) == ["waiting", "running", "swapped", "preempted"]
+    assert q["data"][3]["type"] == "bar" and q["data"][3]["yaxis"] == "y2"
+    assert q["layout"]["yaxis2"]["range"] == [0, 1.05] and q["layout"]["yaxis2"]["dtick"] == 1
+
+
+def test_the_compare_pages_panels_carry_the_same_data(page: Page) -> None:
+    steps = varied_frames(120, seed=5)
+    view = StepWindow.of(steps)
+    for name, build in compare_page.FIGURES.items():
+        want = build(view)
+        got = js_panel(page, name, steps)
+        assert _title(got) == want.layout.title.text, name
+        assert _names(got) == [t.name for t in want.data], name
+        for js, py in zip(got["data"], want.data, strict=True):
+            np.testing.assert_array_equal(js["x"], py.x, err_msg=name)
+            np.testing.assert_array_equal(js["y"], py.y, err_msg=name)
+        marks = [a["text"] for a in got["layout"]["annotations"]]
+        assert marks == [a.text for a in want.layout.annotations], name
