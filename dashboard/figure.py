@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 
 HEIGHT = 300
 MARKER = "#d62728"
+AUTOPILOT_MARKER = "#9467bd"  # the autopilot's changes, apart from a person's
 Layout = dict[str, Any]
 Markers = Sequence[tuple[int, str]]
 Span = tuple[float, float] | None  # the x range of a time series (None: let Plotly choose)
@@ -20,6 +21,11 @@ Span = tuple[float, float] | None  # the x range of a time series (None: let Plo
 
 def _axis(title: str, **extra: Any) -> dict[str, Any]:
     return {"title": {"text": title}, **extra}
+
+
+def marker_colour(label: str) -> str:
+    """The autopilot's markers in their own colour (their label names it: `window.py`)."""
+    return AUTOPILOT_MARKER if label.split(":", 1)[0].endswith(" autopilot") else MARKER
 
 
 def markers(marks: Markers) -> tuple[list[Layout], list[Layout]]:
@@ -34,9 +40,9 @@ def markers(marks: Markers) -> tuple[list[Layout], list[Layout]]:
             "x1": x,
             "y0": 0,
             "y1": 1,
-            "line": {"dash": "dash", "color": MARKER, "width": 1},
+            "line": {"dash": "dash", "color": marker_colour(text), "width": 1},
         }
-        for x, _ in marks
+        for x, text in marks
     ]
     notes = [
         {
@@ -48,7 +54,7 @@ def markers(marks: Markers) -> tuple[list[Layout], list[Layout]]:
             "showarrow": False,
             "xanchor": "right",
             "yanchor": "top",
-            "font": {"size": 10, "color": MARKER},
+            "font": {"size": 10, "color": marker_colour(text)},
             "bgcolor": "rgba(255, 255, 255, 0.8)",
         }
         for x, text in marks

@@ -37,8 +37,15 @@ COLUMNS = (
     "tok_s",
     "decode_tok_s",
 )
+AUTOPILOT = "autopilot"  # the origin of the SLO autopilot's knob changes
 LATENCY_WINDOW = 64  # finished requests
 RATE_WINDOW = 20  # steps
+
+
+def marker_label(change: dict[str, Any]) -> str:
+    """`v5: max_num_seqs 16→32`; the autopilot's changes say so (`v5 autopilot: ...`)."""
+    who = " autopilot" if change.get("origin") == AUTOPILOT else ""
+    return f"v{change['version']}{who}: {knob_label(change['changes'])}"
 
 
 def knob_label(changes: dict[str, list[Any]]) -> str:
@@ -109,9 +116,7 @@ class StepWindow:
         self._rows.append(tuple(row[c] for c in COLUMNS))
         self._imbalance.append(layer_imbalance(np.asarray(frame["experts"]["counts"])))
         for change in frame.get("knob_changes") or []:
-            self._markers.append(
-                (frame["step"], f"v{change['version']}: {knob_label(change['changes'])}")
-            )
+            self._markers.append((frame["step"], marker_label(change)))
         while self._markers and self._markers[0][0] < self._rows[0][0]:
             self._markers.popleft()
 

@@ -3,6 +3,12 @@
 
 export const HEIGHT = 300;
 const MARKER = "#d62728";
+const AUTOPILOT_MARKER = "#9467bd"; // the autopilot's changes, apart from a person's
+
+/** The autopilot's markers in their own colour (their label names it: window.js). */
+export function markerColour(label) {
+  return label.split(":", 1)[0].endsWith(" autopilot") ? AUTOPILOT_MARKER : MARKER;
+}
 
 function axis(title, extra = {}) {
   return { title: { text: title }, ...extra };
@@ -12,7 +18,7 @@ function axis(title, extra = {}) {
 export function markers(marks, suffix = "") {
   const xref = `x${suffix}`;
   const yref = `y${suffix} domain`;
-  const shapes = marks.map(([x]) => ({
+  const shapes = marks.map(([x, text]) => ({
     type: "line",
     xref,
     yref,
@@ -20,7 +26,7 @@ export function markers(marks, suffix = "") {
     x1: x,
     y0: 0,
     y1: 1,
-    line: { dash: "dash", color: MARKER, width: 1 },
+    line: { dash: "dash", color: markerColour(text), width: 1 },
   }));
   const notes = marks.map(([x, text]) => ({
     xref,
@@ -31,7 +37,7 @@ export function markers(marks, suffix = "") {
     showarrow: false,
     xanchor: "right",
     yanchor: "top",
-    font: { size: 10, color: MARKER },
+    font: { size: 10, color: markerColour(text) },
     bgcolor: "rgba(255, 255, 255, 0.8)",
   }));
   return [shapes, notes];

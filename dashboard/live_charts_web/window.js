@@ -23,6 +23,12 @@ function pyStr(value) {
 }
 
 /** `{max_num_seqs: [8, 4]}` -> `max_num_seqs 8→4`. */
+/** `v5: max_num_seqs 16→32`; the autopilot's changes say so (`v5 autopilot: ...`). */
+export function markerLabel(change) {
+  const who = change.origin === "autopilot" ? " autopilot" : "";
+  return `v${change.version}${who}: ${knobLabel(change.changes)}`;
+}
+
 export function knobLabel(changes) {
   return Object.entries(changes)
     .map(([name, [old, now]]) => `${name} ${pyStr(old)}→${pyStr(now)}`)
@@ -147,7 +153,7 @@ export class StepWindow {
     this.push(this.imbalance, layerImbalance(frame.experts.counts));
     this.push(this.slots, this.slotColumn(batch.slots));
     for (const change of frame.knob_changes || []) {
-      this.markers.push([frame.step, `v${change.version}: ${knobLabel(change.changes)}`]);
+      this.markers.push([frame.step, markerLabel(change)]);
     }
     while (this.markers.length && this.markers[0][0] < this.rows[0].step) this.markers.shift();
     this.latest = frame;

@@ -14,6 +14,7 @@ from js_modules import js_page, js_panel
 from playwright.sync_api import Page
 
 from dashboard import compare_page
+from dashboard.figure import AUTOPILOT_MARKER, MARKER
 from dashboard.window import StepWindow
 
 pytestmark = [
@@ -180,3 +181,26 @@ def test_the_compare_pages_panels_carry_the_same_data(page: Page) -> None:
             np.testing.assert_array_equal(js["y"], py.y, err_msg=name)
         marks = [a["text"] for a in got["layout"]["annotations"]]
         assert marks == [a.text for a in want.layout.annotations], name
+
+
+def test_the_autopilots_markers_are_named_and_coloured_apart_as_in_python(page: Page) -> None:
+    """A person's change at step 10 and the autopilot's at step 20: the label says who, the
+    colour differs, and the browser draws them as the Python figures do."""
+    steps = frames()
+    steps[20] = {
+        **steps[20],
+        "knob_changes": [
+            {"version": 3, "t": 0.0, "origin": "autopilot", "changes": {"max_num_seqs": [4, 8]}}
+        ],
+    }
+    layout = js_panel(page, "latency", steps)["layout"]
+    person, pilot = layout["annotations"][-2:]
+    assert person["text"] == "v2: max_num_seqs 8→4"
+    assert pilot["text"] == "v3 autopilot: max_num_seqs 4→8"
+    assert person["font"]["color"] == MARKER and pilot["font"]["color"] == AUTOPILOT_MARKER
+    colours = [s["line"]["color"] for s in layout["shapes"]]
+    assert colours == [MARKER, AUTOPILOT_MARKER]
+    window = StepWindow(100)
+    for f in steps:
+        window.add(f)
+    assert [t for _, t in window.view().markers] == [person["text"], pilot["text"]]
