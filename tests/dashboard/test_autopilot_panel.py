@@ -76,4 +76,3 @@ def test_the_switch_and_targets_reach_the_server(served: Served) -> None:
     at.button(key="autopilot_set").click().run()
     status = httpx.get(served.url + "/api/autopilot", timeout=TIMEOUT).json()
     assert status["settings"]["enabled"] is False and status["state"] == "off"
-    at.session_state["stream"].stop()
