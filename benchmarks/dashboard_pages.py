@@ -98,9 +98,13 @@ def apply_click(page: Page, frame: Frame, value: int, version: int) -> tuple[flo
 
 
 def switch_page(page: Page, name: str, drawn: str) -> float:
-    """Clicks page `name` in the sidebar; seconds until `drawn` (a JS condition) holds."""
+    """Clicks page `name` in the sidebar; seconds until the old page's charts are gone and
+    `drawn` (a JS condition) holds."""
+    old = page.query_selector(COMPONENT)
     t0 = time.perf_counter()
     page.locator('[data-testid="stSidebarNav"]').get_by_text(name, exact=True).click()
+    if old is not None:
+        old.wait_for_element_state("hidden", timeout=WAIT_MS)
     page.wait_for_function(drawn, timeout=WAIT_MS, polling=20)
     return time.perf_counter() - t0
 

@@ -1,6 +1,5 @@
 // The panels on the page: one div each, laid out in ROWS, redrawn with Plotly.react from a
-// window view. Only panels on screen are redrawn, one at a time (one per animation frame, the
-// most overdue first), so that a click on the page never waits behind a whole redraw.
+// window view. Only panels on screen are redrawn, one at a time, the most overdue first.
 
 import { PANELS, ROWS } from "./panels.js";
 
