@@ -35,9 +35,13 @@ export class Charts {
     }
   }
 
-  /** Marks every panel as out of date (new data arrived). */
-  invalidate() {
-    for (const name of Object.keys(PANELS)) this.stale.add(name);
+  /** Marks every panel as out of date (new data arrived); `now`: due at once, however
+   * recently drawn. */
+  invalidate(now = false) {
+    for (const name of Object.keys(PANELS)) {
+      this.stale.add(name);
+      if (now) this.drawnAt[name] = -Infinity;
+    }
   }
 
   /** Redraws from `view` the out-of-date panel on screen that was drawn longest ago, if it

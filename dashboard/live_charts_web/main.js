@@ -62,15 +62,17 @@ class Session {
     this.timer = setTimeout(() => this.loop(), 0);
   }
 
-  /** A new view when something arrived and the last is TICK_MS old; then the panel on screen
-   * most overdue redrawn, one a task: a click on the page waits for one panel at most, never
-   * for a whole redraw. Nothing is drawn in a hidden tab. */
+  /** A new view when something arrived and the last is TICK_MS old (at once for a knob
+   * change, whose marker every panel then draws without waiting its turn); then the panel on
+   * screen most overdue redrawn, one a task: a click on the page waits for one panel at most,
+   * never for a whole redraw. Nothing is drawn in a hidden tab. */
   loop() {
     const now = performance.now();
-    if (now - this.viewAt >= TICK_MS && this.feed.take()) {
+    const marked = this.feed.marked;
+    if ((marked || now - this.viewAt >= TICK_MS) && this.feed.take()) {
       this.view = this.feed.window.view(this.shown);
       this.viewAt = now;
-      this.charts.invalidate();
+      this.charts.invalidate(marked);
       this.status();
     }
     const drew =
