@@ -35,12 +35,12 @@ export class Charts {
     }
   }
 
-  /** Marks every panel as out of date (new data arrived); `now`: due at once, however
+  /** Marks every panel as out of date (new data arrived); with `rush`, due at once, however
    * recently drawn. */
-  invalidate(now = false) {
+  invalidate(rush = false) {
     for (const name of Object.keys(PANELS)) {
       this.stale.add(name);
-      if (now) this.drawnAt[name] = -Infinity;
+      if (rush) this.drawnAt[name] = -Infinity;
     }
   }
 
