@@ -10,8 +10,9 @@ Chromium (1600x1000) driven by Playwright:
    (its Play button) and Play -> the replay's first chart.
 2. Redraw rate: each on-screen panel's redraws per second over `--rate-s`.
 3. Apply: `--clicks` clicks of Apply, max_num_seqs alternating between two values; from the
-   click to the server's new knob version (GET /api/knobs polled) and to the change's marker
-   on the first chart. Meanwhile a MutationObserver counts charts turned stale.
+   click event (the browser's time stamp) to the server's acceptance of the new knob version
+   (the time in its knob history) and to the change's marker on the first chart (the page's
+   clock, polled every 20 ms). Meanwhile a MutationObserver counts charts turned stale.
 4. Dashboard CPU: the dashboard's process tree's CPU over `--cpu-s` with 0, 1 and `--pages`
    Live pages open, each page in its own browser context.
 5. Overhead: mean engine step time (GET /api/status: busy_s / steps) in blocks of
@@ -25,6 +26,7 @@ RESULTS.md alone).
 from __future__ import annotations
 
 import argparse
+import signal
 import statistics
 import sys
 import tempfile
@@ -113,16 +115,17 @@ def switches(page: Page) -> tuple[dict[str, float], list[float]]:
 
 def clicks(page: Page, demo: Demo, n: int) -> dict[str, list[float]]:
     """`n` Apply clicks alternating max_num_seqs between its value and one less: seconds from
-    each click to the server's acceptance (its knob history's time) and to the marker."""
+    each click event to the server's acceptance (its knob history's time) and to the marker
+    on the first chart (one clock: this machine's)."""
     frame = pages.charts_frame(page)
     state = demo.knobs()
     first, version = int(state["knobs"]["max_num_seqs"]), int(state["version"])
     to_server, to_marker = [], []
     for i in range(n + n % 2):  # an even number: the knob ends as it was
-        clicked, marker_s = pages.apply_click(page, frame, first - 1 + i % 2, version + i)
+        clicked, seen = pages.apply_click(page, frame, first - 1 + i % 2, version + i)
         if i < n:
             to_server.append(demo.accepted_at(version + i + 1) - clicked)
-            to_marker.append(marker_s)
+            to_marker.append(seen - clicked)
     return {"to_server": to_server, "to_marker": to_marker}
 
 
@@ -307,6 +310,10 @@ def render_section(res: dict[str, Any], argv: list[str], runtime_s: float) -> st
     return "\n".join(lines)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # so that the demo's processes are stopped on the way out
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Measure and publish; returns the measures and the targets."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -331,4 +338,5 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _interrupt)
     main()

@@ -78,29 +78,40 @@ def stale_count(page: Page) -> int:
     return int(page.evaluate("() => window.staleCharts"))
 
 
+# keeps the time (epoch s) of the page's next click event, as the browser stamped it
+WATCH_CLICK = """() => document.addEventListener(
+    "click", (e) => { window.clickedAt = (performance.timeOrigin + e.timeStamp) / 1000; },
+    {capture: true, once: true})"""
+# the time (epoch s) when the first chart shows a marker whose label starts with `label`
+MARKER_TIME = """label => [...document.querySelectorAll('[data-panel="batch"] .annotation-text')]
+    .some((t) => t.textContent.startsWith(label))
+    && (performance.timeOrigin + performance.now()) / 1000"""
+
+
 def apply_click(page: Page, frame: Frame, value: int, version: int) -> tuple[float, float]:
     """Sets max_num_seqs to `value` in the knob form, at knob version `version`, and clicks
-    Apply; the time of the click (time.time()) and the seconds until the change's marker is on
-    the first chart. Returns once the form shows the new version, ready for the next click."""
+    Apply: when the click event happened (epoch s, the browser's stamp, so that Playwright's
+    own checks before a click do not count) and when the change's marker was first seen on
+    the first chart (polled every 20 ms). Returns once the form shows the new version, ready
+    for the next click."""
     page.get_by_role("spinbutton", name="max_num_seqs").fill(str(value))
-    clicked = time.time()
+    page.evaluate(WATCH_CLICK)
     page.get_by_role("button", name="Apply").click()
-    frame.wait_for_function(
-        """label => [...document.querySelectorAll('[data-panel="batch"] .annotation-text')]
-            .some((t) => t.textContent.startsWith(label))""",
-        arg=f"v{version + 1}: max_num_seqs",
-        timeout=WAIT_MS,
-        polling=20,
+    seen = frame.wait_for_function(
+        MARKER_TIME, arg=f"v{version + 1}: max_num_seqs", timeout=WAIT_MS, polling=20
     )
-    to_marker = time.time() - clicked
     page.get_by_text(f"version {version + 1} (applied").wait_for(timeout=WAIT_MS)
-    return clicked, to_marker
+    return float(page.evaluate("() => window.clickedAt")), float(seen.json_value())
 
 
 def switch_page(page: Page, name: str, drawn: str) -> float:
-    """Clicks page `name` in the sidebar; seconds until `drawn` (a JS condition) holds."""
+    """Clicks page `name` in the sidebar; seconds until the old page's charts are gone and
+    `drawn` (a JS condition) holds."""
+    old = page.query_selector(COMPONENT)
     t0 = time.perf_counter()
     page.locator('[data-testid="stSidebarNav"]').get_by_text(name, exact=True).click()
+    if old is not None:
+        old.wait_for_element_state("hidden", timeout=WAIT_MS)
     page.wait_for_function(drawn, timeout=WAIT_MS, polling=20)
     return time.perf_counter() - t0
 

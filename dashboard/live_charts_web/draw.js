@@ -1,6 +1,5 @@
 // The panels on the page: one div each, laid out in ROWS, redrawn with Plotly.react from a
-// window view. Only panels on screen are redrawn, one at a time (one per animation frame, the
-// most overdue first), so that a click on the page never waits behind a whole redraw.
+// window view. Only panels on screen are redrawn, one at a time, the most overdue first.
 
 import { PANELS, ROWS } from "./panels.js";
 
@@ -36,9 +35,13 @@ export class Charts {
     }
   }
 
-  /** Marks every panel as out of date (new data arrived). */
-  invalidate() {
-    for (const name of Object.keys(PANELS)) this.stale.add(name);
+  /** Marks every panel as out of date (new data arrived); with `rush`, due at once, however
+   * recently drawn. */
+  invalidate(rush = false) {
+    for (const name of Object.keys(PANELS)) {
+      this.stale.add(name);
+      if (rush) this.drawnAt[name] = -Infinity;
+    }
   }
 
   /** Redraws from `view` the out-of-date panel on screen that was drawn longest ago, if it

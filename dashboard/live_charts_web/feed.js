@@ -11,6 +11,7 @@ export class Feed {
     this.error = ""; // the server's last error message
     this.replay = null; // the replay player's last state
     this.changed = false; // whether anything arrived since the last `take`
+    this.marked = false; // whether a knob change arrived since the last `take`
     this.seeking = false; // a seek was sent: steps are stale until the player's answer
   }
 
@@ -53,12 +54,14 @@ export class Feed {
     }
     this.dropped += frame.dropped || 0;
     this.received += 1;
+    if (frame.knob_changes && frame.knob_changes.length) this.marked = true;
   }
 
   /** Whether anything arrived since the last call. */
   take() {
     const changed = this.changed;
     this.changed = false;
+    this.marked = false;
     return changed;
   }
 }

@@ -11,7 +11,7 @@ import { showStatus } from "./status.js";
 import { StepWindow } from "./window.js";
 
 const TICK_MS = 150; // a panel is redrawn at most this often: over 5 Hz, with time to spare
-const FRAME_BUDGET_MS = 40; // panels drawn in one animation frame until this much time went
+const IDLE_MS = 16; // how soon to look again when no panel was due
 const $ = (id) => document.getElementById(id);
 
 /** Why the charts cannot be drawn, if plotly.js (index.html's script tag) did not load. */
@@ -59,26 +59,25 @@ class Session {
     this.view = this.feed.window.view(this.shown);
     this.viewAt = -Infinity;
     this.status();
-    this.frame = requestAnimationFrame(() => this.loop());
+    this.timer = setTimeout(() => this.loop(), 0);
   }
 
-  /** Once an animation frame (none while the tab is hidden): a new view when something
-   * arrived and the last is TICK_MS old, then the most overdue panels redrawn, within
-   * FRAME_BUDGET_MS (a frame's paint is shared by its panels; a click waits for one frame). */
+  /** A new view when something arrived and the last is TICK_MS old (at once for a knob
+   * change, whose marker every panel then draws without waiting its turn); then the panel on
+   * screen most overdue redrawn, one a task: a click on the page waits for one panel at most,
+   * never for a whole redraw. Nothing is drawn in a hidden tab. */
   loop() {
     const now = performance.now();
-    if (now - this.viewAt >= TICK_MS && this.feed.take()) {
+    const marked = this.feed.marked;
+    if ((marked || now - this.viewAt >= TICK_MS) && this.feed.take()) {
       this.view = this.feed.window.view(this.shown);
       this.viewAt = now;
-      this.charts.invalidate();
+      this.charts.invalidate(marked);
       this.status();
     }
-    while (
-      window.Plotly &&
-      performance.now() - now < FRAME_BUDGET_MS &&
-      this.charts.drawNext(this.view, now - TICK_MS)
-    );
-    this.frame = requestAnimationFrame(() => this.loop());
+    const drew =
+      !document.hidden && window.Plotly && this.charts.drawNext(this.view, now - TICK_MS);
+    this.timer = setTimeout(() => this.loop(), drew ? 0 : IDLE_MS);
   }
 
   status() {
@@ -87,7 +86,7 @@ class Session {
   }
 
   stop() {
-    cancelAnimationFrame(this.frame);
+    clearTimeout(this.timer);
     this.connection.stop();
   }
 }

@@ -158,8 +158,11 @@ FEED = """(m, messages) => {
     const feed = new m.Feed(new m.StepWindow(100));
     messages.forEach((text) => feed.read(text));
     const v = feed.window.view();
+    const marked = feed.marked;
+    feed.take();
     return {received: feed.received, dropped: feed.dropped, malformed: feed.malformed,
-            error: feed.error, replay: feed.replay, steps: v.steps};
+            error: feed.error, replay: feed.replay, steps: v.steps, marked,
+            taken: feed.marked || feed.changed};
 }"""
 
 
@@ -178,10 +181,11 @@ def test_the_feed_skips_and_counts_what_it_cannot_read(page: Page) -> None:
         _text([frame(1), {**frame(2), "dropped": 5}, broken, bad_latency, 7]),
         _text({"error": "every: must be in [1, 100000], got 0"}),
         _text({"replay": {"state": "paused", "speed": 1.0, "next": 6}}),
-        _text(frame(5)),
+        _text(frame(5, {"max_num_seqs": [8, 4]})),
     ]
     got = run(page, FEED, messages)
     assert got["steps"] == [0, 1, 2, 5]  # never a broken step in the charts
     assert (got["received"], got["dropped"], got["malformed"]) == (4, 5, 4)
     assert got["error"] == "every: must be in [1, 100000], got 0"
     assert got["replay"]["state"] == "paused"
+    assert got["marked"] and not got["taken"]  # a knob change is news until taken
