@@ -197,13 +197,12 @@ class Scheduler:
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         static = self.batching == "static"
-        order = self._waiting_order()
         if static and self.running:
-            if order:
-                self._blocked(out, "static", order[0])  # a static batch runs to its end
+            if self.waiting:
+                self._blocked(out, "static", self._waiting_head())  # the batch runs to its end
             return
         reserved = 0
-        for req in order:
+        for req in self._waiting_order():
             admission = self._admit(req, budget, reserved, static)
             if isinstance(admission, str):
                 self._blocked(out, admission, req)

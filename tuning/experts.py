@@ -44,19 +44,21 @@ class ExpertDraw:
 
     def draw(self, tokens: int) -> np.ndarray:
         """Routed pairs [layers, experts] for a step of `tokens` tokens."""
-        same = self.by_size.get(tokens)
-        if same is not None:
-            self.used[tokens] += 1
-            return same[(self.used[tokens] - 1) % len(same)]
-        return self._sample(tokens, self._nearest(tokens))
+        if tokens in self.by_size:
+            return self._next(tokens)
+        return self._sample(tokens, self._next(self._nearest(tokens)))
 
-    def _nearest(self, tokens: int) -> np.ndarray:
-        """A recorded step of the nearest size by ratio, taken in turn as `draw` takes them."""
+    def _next(self, size: int) -> np.ndarray:
+        """The recorded steps of `size` tokens in turn, in recorded order."""
+        same = self.by_size[size]
+        self.used[size] += 1
+        return same[(self.used[size] - 1) % len(same)]
+
+    def _nearest(self, tokens: int) -> int:
+        """The recorded size nearest to `tokens` by ratio."""
         i = bisect.bisect(self.sizes, tokens)
         near = [self.sizes[j] for j in (i - 1, i) if 0 <= j < len(self.sizes)]
-        size = min(near, key=lambda m: abs(np.log(tokens / m)))
-        self.used[size] += 1
-        return self.by_size[size][(self.used[size] - 1) % len(self.by_size[size])]
+        return min(near, key=lambda m: abs(np.log(tokens / m)))
 
     def _sample(self, tokens: int, like: np.ndarray) -> np.ndarray:
         """Each token picks top_k distinct experts per layer by `like`'s shares (the Gumbel
