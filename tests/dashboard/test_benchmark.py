@@ -32,7 +32,9 @@ def test_dashboard_benchmark_quick(tmp_path: Path) -> None:
     assert 0 < frame < min(plotly, socket) and socket < drawn, (parts, drawn)
     assert res["rates"] and all(hz > 0 for hz, _ in res["rates"].values()), res["rates"]
     assert set(res["cpu_pct"]) == {0, 1}  # --quick opens one page at most
-    assert all(ms > 0 for ms in res["overhead"]["mean_ms"].values()), res["overhead"]
+    overhead = res["overhead"]
+    assert all(ms > 0 for ms in overhead["mean_ms"].values()), overhead
+    assert overhead["round_median"]["none"] == overhead["cpu_ratio"]["none"] == 1.0
     assert set(res["targets"]) == set(bench.TARGETS)
     for key, check in res["targets"].items():
         assert check["met"] == bench.TARGETS[key].met(check["value"])
