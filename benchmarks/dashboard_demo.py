@@ -92,7 +92,12 @@ class Demo:
         return total
 
 
-def step_ms(before: dict[str, Any], after: dict[str, Any]) -> float:
-    """Mean engine step time (ms) between two /api/status answers."""
+def step_ms(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """Mean engine step time (ms) between two /api/status answers: wall, and the engine
+    thread's CPU."""
     b, a = before["loop"], after["loop"]
-    return 1000 * (a["busy_s"] - b["busy_s"]) / max(a["steps"] - b["steps"], 1)
+    steps = max(a["steps"] - b["steps"], 1)
+    return {
+        "wall": 1000 * (a["busy_s"] - b["busy_s"]) / steps,
+        "cpu": 1000 * (a["busy_cpu_s"] - b["busy_cpu_s"]) / steps,
+    }

@@ -124,12 +124,15 @@ def wait_idle(page: Page) -> None:
     )
 
 
-# when (epoch ms) the charts' frame started, loaded plotly.js and connected its websocket
+# when (epoch ms) the charts' frame started, loaded plotly.js and connected its websocket,
+# once it has done all three
 STARTED = """() => {
     const p = document.querySelector(
         'iframe[title="dashboard.live_charts.live_charts"]').contentWindow.performance;
     const at = (name) => p.timeOrigin + p.getEntriesByName(name)[0].startTime;
-    return [p.timeOrigin, at("plotly loaded"), at("connected")];
+    const marked = (name) => p.getEntriesByName(name).length;
+    return marked("plotly loaded") && marked("connected") &&
+        [p.timeOrigin, at("plotly loaded"), at("connected")];
 }"""
 
 
@@ -138,7 +141,8 @@ def switch_to_live(page: Page) -> tuple[float, list[float]]:
     charts' frame started, had plotly.js and had its websocket open."""
     clicked = time.time()
     drawn = switch_page(page, "Live", DRAWN)
-    return drawn, [ms / 1000 - clicked for ms in page.evaluate(STARTED)]
+    started = page.wait_for_function(STARTED, timeout=WAIT_MS).json_value()
+    return drawn, [ms / 1000 - clicked for ms in started]
 
 
 SERVER_CHART = """() => Boolean(document.querySelector(

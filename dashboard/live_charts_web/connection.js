@@ -5,9 +5,9 @@
 
 export const CONNECTING = "connecting";
 export const CONNECTED = "connected";
-export const RECONNECTING = "reconnecting";
-export const GONE = "server gone";
-export const REFUSED = "refused";
+const RECONNECTING = "reconnecting";
+const GONE = "server gone";
+const REFUSED = "refused";
 
 const POLICY_VIOLATION = 1008; // the close code of the server's refusals
 

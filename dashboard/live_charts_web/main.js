@@ -3,7 +3,7 @@
 // a few times a second. Python sends the arguments once; no frame passes through it.
 
 import { Charts } from "./draw.js";
-import { Connection } from "./connection.js";
+import { CONNECTED, CONNECTING, Connection } from "./connection.js";
 import { showControls } from "./controls.js";
 import { Feed } from "./feed.js";
 import { followHeight, onRender } from "./protocol.js";
@@ -38,12 +38,12 @@ class Session {
     this.charts = charts;
     this.feed = new Feed(new StepWindow(args.max_steps));
     if (args.replay) this.feed.replay = { state: "playing", speed: args.speed }; // as it starts
-    this.state = "connecting";
+    this.state = CONNECTING;
     this.detail = "";
     this.connection = new Connection(() => address(args, this.feed), {
       onText: (text) => this.feed.read(text),
       onState: (state, detail) => {
-        if (state === "connected") performance.mark("connected");
+        if (state === CONNECTED) performance.mark("connected");
         [this.state, this.detail] = [state, detail];
         this.status();
       },

@@ -58,7 +58,9 @@ VIEW = """(m, {frames, maxlen, last}) => {
 }"""
 
 
-def js_view(page: Page, frames: list[dict[str, Any]], maxlen: int = 600, last: int | None = None):
+def js_view(
+    page: Page, frames: list[dict[str, Any]], maxlen: int = 600, last: int | None = None
+) -> dict[str, Any]:
     """The JS StepWindow's view of `frames`: its columns by name, imbalance, slots, markers,
     expert sum and steps, length and latest step."""
     return run(page, VIEW, {"frames": frames, "maxlen": maxlen, "last": last})
