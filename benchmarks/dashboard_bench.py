@@ -101,10 +101,10 @@ def switches(page: Page) -> tuple[dict[str, float], list[float]]:
     """Seconds of each sidebar switch from a Live page, and of Play on the Replay page; and
     of the switch back to Live (once the Compare page is drawn in full), until its charts'
     frame started, had plotly.js and had its websocket open."""
-    out = {"Live -> Compare": pages.switch_page(page, "Compare", pages.SERVER_CHART)}
+    out = {"Live -> Compare": pages.switch_page(page, "Compare", pages.SERVER_CHART)[0]}
     pages.wait_idle(page)
     out["Compare -> Live"], parts = pages.switch_to_live(page)
-    out["Live -> Replay"] = pages.switch_page(page, "Replay", pages.REPLAY_READY)
+    out["Live -> Replay"] = pages.switch_page(page, "Replay", pages.REPLAY_READY)[0]
     t0 = time.perf_counter()
     page.get_by_role("button", name="Play").click()
     page.wait_for_function(pages.DRAWN, timeout=pages.WAIT_MS, polling=20)

@@ -6,6 +6,7 @@ stale state."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from playwright.sync_api import BrowserContext, Frame, Page
 
@@ -104,16 +105,16 @@ def apply_click(page: Page, frame: Frame, value: int, version: int) -> tuple[flo
     return float(page.evaluate("() => window.clickedAt")), float(seen.json_value())
 
 
-def switch_page(page: Page, name: str, drawn: str) -> float:
+def switch_page(page: Page, name: str, drawn: str) -> tuple[float, Any]:
     """Clicks page `name` in the sidebar; seconds until the old page's charts are gone and
-    `drawn` (a JS condition) holds."""
+    `drawn` (a JS condition) holds, and the condition's value then."""
     old = page.query_selector(COMPONENT)
     t0 = time.perf_counter()
     page.locator('[data-testid="stSidebarNav"]').get_by_text(name, exact=True).click()
     if old is not None:
         old.wait_for_element_state("hidden", timeout=WAIT_MS)
-    page.wait_for_function(drawn, timeout=WAIT_MS, polling=20)
-    return time.perf_counter() - t0
+    held = page.wait_for_function(drawn, timeout=WAIT_MS, polling=20)
+    return time.perf_counter() - t0, held.json_value()
 
 
 def wait_idle(page: Page) -> None:
@@ -125,10 +126,14 @@ def wait_idle(page: Page) -> None:
 
 
 # when (epoch ms) the charts' frame started, loaded plotly.js and connected its websocket,
-# once it has done all three
-STARTED = """() => {
-    const p = document.querySelector(
-        'iframe[title="dashboard.live_charts.live_charts"]').contentWindow.performance;
+# read from the frame whose first chart is drawn at that moment (Streamlit may mount the
+# component's frame more than once while the page's script runs)
+DRAWN_STARTED = """() => {
+    const frame = document.querySelector('iframe[title="dashboard.live_charts.live_charts"]');
+    const doc = frame && frame.contentDocument;
+    const panel = doc && doc.querySelector('[data-panel="batch"]');
+    if (!(panel && panel.data && panel.data[0] && panel.data[0].x.length)) return false;
+    const p = frame.contentWindow.performance;
     const at = (name) => p.timeOrigin + p.getEntriesByName(name)[0].startTime;
     const marked = (name) => p.getEntriesByName(name).length;
     return marked("plotly loaded") && marked("connected") &&
@@ -137,11 +142,10 @@ STARTED = """() => {
 
 
 def switch_to_live(page: Page) -> tuple[float, list[float]]:
-    """Clicks Live in the sidebar: seconds until the first chart is drawn, and until the
-    charts' frame started, had plotly.js and had its websocket open."""
+    """Clicks Live in the sidebar: seconds until the first chart is drawn, and until that
+    chart's frame started, had plotly.js and had its websocket open."""
     clicked = time.time()
-    drawn = switch_page(page, "Live", DRAWN)
-    started = page.wait_for_function(STARTED, timeout=WAIT_MS).json_value()
+    drawn, started = switch_page(page, "Live", DRAWN_STARTED)
     return drawn, [ms / 1000 - clicked for ms in started]
 
 

@@ -62,6 +62,17 @@ def decode_attention_torch(
     """One query token per sequence: q [B, H, D], block_tables [B, nb] (padded), lens [B]."""
     k = _gather(k_cache, block_tables)
     v = _gather(v_cache, block_tables)
+    if q.device.type == "cpu" and q.dtype != torch.float32:
+        # the CPU's SDPA kernel takes 4.5x as long for one query row in bf16 as in float32
+        # (benchmarks/RESULTS.md, forward): the upcast copies cost far less
+        return _decode_sdpa(q.float(), k.float(), v.float(), context_lens, scale).to(q.dtype)
+    return _decode_sdpa(q, k, v, context_lens, scale)
+
+
+def _decode_sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_lens: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """q [B, H, D] over gathered k, v [B, L, Hkv, D], masked to each sequence's length."""
     mask = torch.arange(k.shape[1], device=q.device).unsqueeze(0) < context_lens.unsqueeze(1)
     out = F.scaled_dot_product_attention(
         q.unsqueeze(2),
