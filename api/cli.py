@@ -14,7 +14,15 @@ import uvicorn
 from uvicorn.config import LOG_LEVELS
 
 from api.app import create_app
-from api.cli_args import autopilot_targets, describe, int_at_least, non_negative, port, positive
+from api.cli_args import (
+    autopilot_targets,
+    describe,
+    int_at_least,
+    non_negative,
+    port,
+    positive,
+    threads,
+)
 from api.demo import run_demo
 from api.loadgen import add_load_arguments, main_load, percentiles_text
 from api.server import build_loop, config_from_args
@@ -116,6 +124,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
             device=args.device,
             num_kv_blocks=args.kv_blocks,
             max_num_seqs=args.max_num_seqs,
+            threads=args.threads,
         )
         prompts, params = workload(llm, args.num_prompts, args.max_tokens, args.seed)
         start = time.perf_counter()
@@ -124,8 +133,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    if args.threads != "auto":
+        torch.set_num_threads(args.threads)  # also the expert-parallel ranks' count
     settings = ServerSettings.from_env(
         model_name=args.served_model_name or args.model,
         api_key=args.api_key,
@@ -156,6 +165,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         ep_size=args.ep or args.ep_size,
         ep_distributed=args.ep is not None,
         router_skew=args.router_skew,
+        threads=args.threads,
     )
     if rank:
         serve_rank(config_from_args(args.model, **engine_args))
@@ -246,12 +256,6 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         help="hold SLO targets by retuning knobs live, e.g. ttft_p90_ms=800,tpot_p90_ms=60 "
         "(any GET/PUT /api/autopilot setting may be given)",
     )
-    p.add_argument(
-        "--threads",
-        type=int_at_least(1),
-        default=None,
-        help="torch threads (default: torch's choice)",
-    )
     p.add_argument("--log-level", type=str.lower, default="warning", choices=list(LOG_LEVELS))
     ep = p.add_mutually_exclusive_group()
     ep.add_argument(
@@ -285,6 +289,13 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--kv-blocks", type=int_at_least(1), default=2048)
     p.add_argument("--max-num-seqs", type=int_at_least(1), default=64)
+    p.add_argument(
+        "--threads",
+        type=threads,
+        default="auto",
+        help="the engine's torch threads: a number, or auto (the cores other processes leave "
+        "free, measured each second)",
+    )
 
 
 def cmd_dashboard(args: argparse.Namespace) -> None:

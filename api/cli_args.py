@@ -42,6 +42,11 @@ def int_at_least(low: int) -> Callable[[str], int]:
 positive = _checked(float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
 non_negative = _checked(float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
 port = _checked(int, lambda v: 1 <= v <= 65535, "a port number from 1 to 65535")
+threads = _checked(
+    lambda t: t if t == "auto" else int(t),
+    lambda v: v == "auto" or v >= 1,  # type: ignore[operator]
+    "'auto' or an integer >= 1",
+)
 
 
 def describe(exc: BaseException) -> str:

@@ -11,7 +11,7 @@ import math
 import random
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,10 @@ FULL_SHAPE = Shape(
     top_k=2,
     max_positions=1024,
 )
+# issue 17's model, the one every CPU speed comparison uses (forward, threads, the peer)
+SERVE_SHAPE = replace(FULL_SHAPE, vocab=4096)
+# fine-grained experts: many small ones, more of them per token
+FINE_SHAPE = replace(SERVE_SHAPE, intermediate=256, experts=32, top_k=4)
 QUICK_SHAPE = Shape(
     vocab=512,
     hidden=64,

@@ -7,6 +7,7 @@ from typing import Any, Literal
 import torch
 
 from engine.knobs import Knobs
+from engine.threads import Threads
 
 Family = Literal["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]
 QKNorm = Literal["none", "head", "full"]
@@ -76,6 +77,7 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     knobs: Knobs = field(default_factory=Knobs)
     router_skew: float | None = None
+    threads: Threads = None  # the engine thread's torch threads (engine.threads)
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -102,7 +104,7 @@ def engine_config(model: str = "synthetic:tiny", **kwargs: Any) -> EngineConfig:
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
         dtype = DTYPES[dtype]
-    allowed = {"device", "seed", "batching", "router_skew"}
+    allowed = {"device", "seed", "batching", "router_skew", "threads"}
     unknown = sorted(set(kwargs) - allowed)
     if unknown:
         raise ValueError(f"unknown engine argument(s) {unknown}")
@@ -112,6 +114,9 @@ def engine_config(model: str = "synthetic:tiny", **kwargs: Any) -> EngineConfig:
     batching = kwargs.get("batching", "continuous")
     if batching not in ("continuous", "static"):
         raise ValueError(f"batching {batching!r} must be 'continuous' or 'static'")
+    threads = kwargs.get("threads")
+    if not (threads is None or threads == "auto" or (type(threads) is int and threads >= 1)):
+        raise ValueError(f"threads must be a positive integer or 'auto', got {threads!r}")
     cache = CacheConfig(**cache_args)
     if cache.block_size < 1 or cache.num_blocks < 1 or cache.num_host_blocks < 0:
         raise ValueError("block_size and num_kv_blocks must be positive, num_host_blocks >= 0")

@@ -25,6 +25,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.step_telemetry import a2a_info, durations, expert_info, step_telemetry
 from engine.telemetry import KnobChange, RequestRecord, StepTelemetry
+from engine.threads import ThreadGovernor
 
 
 @dataclass
@@ -71,6 +72,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.blocks, self.knobs, cfg.batching)
         self.sampler = Sampler(cfg.seed)
         self.session = uuid.uuid4().hex[:12]
+        # other ranks' processes would count as a neighbour's load: they keep the count fixed
+        self.threads = ThreadGovernor(None if self.ranks and cfg.threads == "auto" else cfg.threads)
         self._loads: deque[torch.Tensor] = deque(maxlen=LOAD_WINDOW)
         self._since_rebalance = 0
         self._arrived = 0
@@ -320,6 +323,7 @@ class LLMEngine:
 
     def step(self) -> StepResult:
         t0 = time.perf_counter()
+        self.threads.tick()
         self._apply_knobs()
         self._auto_rebalance()
         applied = self.knob_versions.take_unreported()

@@ -43,8 +43,9 @@ USAGE_ERRORS = [
     (["load", "--timeout", "0"], "--timeout: must be a finite number > 0, got '0'"),
     (["serve", "--port", "99999"], "--port: must be a port number from 1 to 65535"),
     (["serve", "--port", "0"], "--port: must be a port number from 1 to 65535, got '0'"),
-    (["serve", "--threads", "-1"], "--threads: must be an integer >= 1, got '-1'"),
-    (["serve", "--threads", "0"], "--threads: must be an integer >= 1, got '0'"),
+    (["serve", "--threads", "-1"], "--threads: must be 'auto' or an integer >= 1, got '-1'"),
+    (["serve", "--threads", "0"], "--threads: must be 'auto' or an integer >= 1, got '0'"),
+    (["generate", "--threads", "all"], "--threads: must be 'auto' or an integer >= 1"),
     (["serve", "--log-level", "loud"], "--log-level: invalid choice: 'loud'"),
     (["serve", "--max-num-seqs", "0"], "--max-num-seqs: must be an integer >= 1"),
     (["serve", "--device", "tpu"], "--device: must be cpu, cuda or cuda:N, got 'tpu'"),
@@ -81,7 +82,8 @@ def test_good_values_still_parse() -> None:
         ["serve", "--port", "65535", "--threads", "1", "--log-level", "INFO", "--device", "cpu"]
     )
     assert (args.port, args.threads, args.log_level, args.device) == (65535, 1, "info", "cpu")
-    assert build_parser().parse_args(["serve"]).threads is None
+    assert build_parser().parse_args(["serve"]).threads == "auto"
+    assert build_parser().parse_args(["generate", "--threads", "auto"]).threads == "auto"
     pilot = build_parser().parse_args(["serve", "--autopilot", "ttft_p90_ms=800,tpot_p90_ms=60"])
     assert pilot.autopilot.enabled and pilot.autopilot.ttft_p90_ms == 800.0
     args = build_parser().parse_args(["load", "--rate", "0.5", "--duration", "0"])

@@ -76,6 +76,16 @@ def test_half_precision_matches_reference(dtype: torch.dtype, splits: int) -> No
     assert rel_err(out, reference(*args, 0.25)) < 1e-2
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_torch_half_precision_is_float32_rounded(dtype: torch.dtype) -> None:
+    """On the CPU the torch backend computes half-precision decode attention in float32."""
+    args = case([5, 47, 90, 1], 8, 2, 16, 16, dtype, seed=4, extra_width=2)
+    args = tuple(a.cpu() for a in args)
+    out = decode_attention_torch(*args, 0.25)
+    assert out.dtype == dtype
+    assert torch.equal(out, reference(*args, 0.25).to(dtype))
+
+
 def test_splits_past_the_context_are_ignored() -> None:
     args = case([3, 40], 4, 2, 16, 4, torch.float32, seed=9, extra_width=6)
     out = paged_decode_attention(*args, 0.3, num_splits=8)

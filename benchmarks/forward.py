@@ -1,0 +1,203 @@
+"""The forward pass on the CPU: prefill and decode tokens per second, float32 against bf16.
+
+One workload on issue 17's model (and on a fine-grained MoE shape): 128 requests arriving at
+once, prompts log-uniform 16-512 tokens, 32 output tokens each, greedy. Prefill tok/s is the
+prompt tokens over the forward seconds of the steps that carry them; decode tok/s at batch
+128 is 128 over the median forward of the decode-only steps with all 128 running. Arms
+(float32, bf16 and float32 again, an A/A control) run in rotating order, each round on a fresh
+engine, at a fixed thread count.
+
+Writes its section of benchmarks/RESULTS.md.
+
+    python benchmarks/forward.py            # --quick for a smoke run (writes nothing)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import machine
+import torch
+from offline_runners import (
+    FINE_SHAPE,
+    QUICK_SHAPE,
+    SERVE_SHAPE,
+    Shape,
+    build_checkpoint,
+    make_workload,
+    progress,
+)
+from results_md import add_results_arguments, header, publish, results_path
+from targets import Target
+
+from engine import LLMEngine, SamplingParams
+
+SECTION = "forward"
+ARMS = {"f32": "float32", "bf16": "bfloat16", "f32 (A/A)": "float32"}
+TARGETS = {
+    "decode": Target("decode at batch 128, best precision (tok/s)", 1500),
+    "prefill": Target("prefill, best precision (tok/s)", 2500),
+    "bf16": Target("bf16 over float32, whole workload's forward time (ratio)", 1.3),
+}
+
+
+@dataclass
+class Arm:
+    """One arm's run: prompt tokens and forward seconds of steps with prefill, decode-only
+    forward seconds at the full batch, and every step's forward seconds."""
+
+    prefill_tokens: int
+    prefill_s: float
+    full_decode_s: list[float]
+    forward_s: float
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.prefill_tokens / self.prefill_s
+
+    def decode_tok_s(self, batch: int) -> float:
+        return batch / statistics.median(self.full_decode_s)
+
+
+def run_arm(path: Path, dtype: str, wl: Any, threads: int) -> Arm:
+    """A fresh engine, warmed up, then the workload at once, summed from its telemetry."""
+    engine = LLMEngine(
+        model=str(path),
+        dtype=dtype,
+        threads=threads,
+        max_num_seqs=len(wl.prompts),
+        max_num_batched_tokens=2048,
+        num_kv_blocks=wl.blocks(16) + 64,
+        block_size=16,
+    )
+    warm = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    engine.add_request([1, 2, 3, 4, 5, 6, 7, 8], warm)
+    while engine.has_unfinished():
+        engine.step()
+    for prompt, n in zip(wl.prompts, wl.max_tokens, strict=True):
+        engine.add_request(prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
+    arm = Arm(0, 0.0, [], 0.0)
+    while engine.has_unfinished():
+        tele = engine.step().telemetry
+        forward = tele.dur_ms.forward / 1e3
+        arm.forward_s += forward
+        if tele.batch.num_prefill_tokens:
+            arm.prefill_tokens += tele.batch.num_prefill_tokens
+            arm.prefill_s += forward
+        elif tele.batch.num_decode_tokens == len(wl.prompts):
+            arm.full_decode_s.append(forward)
+    return arm
+
+
+def run_shape(args: argparse.Namespace, name: str, shape: Shape, root: Path) -> dict[str, Any]:
+    """Every arm on one shape, `args.rounds` rounds in rotating order."""
+    path = build_checkpoint(root / name, shape, args.seed)
+    wl = make_workload(args.requests, args.seed, shape.vocab, args.prompt_range, (32, 32))
+    if args.quick:
+        wl = make_workload(args.requests, args.seed, shape.vocab, (4, 32), (4, 4))
+    names = list(ARMS)
+    arms: dict[str, list[Arm]] = {n: [] for n in names}
+    for r in range(args.rounds):
+        for arm in names[r % len(names) :] + names[: r % len(names)]:
+            progress(f"{name}: round {r + 1}/{args.rounds}, {arm}")
+            arms[arm].append(run_arm(path, ARMS[arm], wl, args.threads))
+    return {"shape": shape, "arms": arms, "batch": args.requests}
+
+
+def ratios(runs: list[Arm], base: list[Arm]) -> list[float]:
+    """Per round: the base's whole-workload forward time over the run's (higher: faster)."""
+    return [b.forward_s / a.forward_s for a, b in zip(runs, base, strict=True)]
+
+
+def check_targets(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    arms, batch = result["arms"], result["batch"]
+    best = min(("f32", "bf16"), key=lambda n: statistics.median(a.forward_s for a in arms[n]))
+    values = {
+        "decode": statistics.median(a.decode_tok_s(batch) for a in arms[best]),
+        "prefill": statistics.median(a.prefill_tok_s for a in arms[best]),
+        "bf16": statistics.median(ratios(arms["bf16"], arms["f32"])),
+    }
+    return {k: {"value": v, "met": TARGETS[k].met(v)} for k, v in values.items()}
+
+
+def render_shape(name: str, result: dict[str, Any]) -> list[str]:
+    arms, batch, shape = result["arms"], result["batch"], result["shape"]
+    lines = [
+        f"### {name}: {shape.describe()}",
+        "",
+        "| arm | prefill tok/s, median (each round) | decode tok/s at batch "
+        f"{batch}, median (each round) | forward s, median | ratio to f32, median (each) |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for arm, runs in arms.items():
+        pre = [a.prefill_tok_s for a in runs]
+        dec = [a.decode_tok_s(batch) for a in runs]
+        rat = ratios(runs, arms["f32"])
+        lines.append(
+            f"| {arm} | {_cell(pre, 0)} | {_cell(dec, 0)} | "
+            f"{statistics.median(a.forward_s for a in runs):.2f} | {_cell(rat, 2)} |"
+        )
+    return lines
+
+
+def _cell(values: list[float], digits: int) -> str:
+    each = ", ".join(f"{v:.{digits}f}" for v in values)
+    return f"{statistics.median(values):.{digits}f} ({each})"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--requests", type=int, default=128)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="a tiny model and workload, one round")
+    add_results_arguments(p)
+    args = p.parse_args(argv)
+    args.prompt_range = (16, 512)
+    if args.quick:
+        args.rounds, args.requests = 1, 4
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    start = time.perf_counter()
+    shapes = {"quick": QUICK_SHAPE} if args.quick else {"issue 17's model": SERVE_SHAPE}
+    if not args.quick:
+        shapes["fine-grained experts"] = FINE_SHAPE
+    torch.set_num_threads(args.threads)
+    meas = machine.measure()
+    with tempfile.TemporaryDirectory() as tmp:
+        results = {n: run_shape(args, n, s, Path(tmp)) for n, s in shapes.items()}
+    first = next(iter(results.values()))
+    targets = check_targets(first)
+    lines = [
+        header(
+            f"Forward pass on the CPU: float32 and bf16 at {args.threads} threads",
+            ["python", "benchmarks/forward.py", *argv],
+            time.perf_counter() - start,
+            meas,
+        ),
+        "",
+        __doc__.split("\n\n")[1].replace("\n", " "),
+        "",
+    ]
+    for name, result in results.items():
+        lines += [*render_shape(name, result), ""]
+    lines.append("Targets (issue 17's model):")
+    lines += [TARGETS[k].line(c["value"], f"{c['value']:.3g}") for k, c in targets.items()]
+    publish(SECTION, "\n".join(lines), results_path(args))
+    return {"results": results, "targets": targets}
+
+
+if __name__ == "__main__":
+    main()
