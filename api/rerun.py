@@ -82,7 +82,10 @@ async def run_rerun(rerun: Rerun, engine_loop: EngineLoop, recorder: Recorder) -
             if wait > 0:
                 await asyncio.sleep(wait)
             params = SamplingParams(
-                max_tokens=max(1, item.output_len), temperature=0.0, ignore_eos=True
+                max_tokens=max(1, item.output_len),
+                temperature=0.0,
+                ignore_eos=True,
+                priority=item.priority,
             )
             prompt = synth_prompt(f"{rerun.session}:{i}", item.prompt_len, vocab)
             try:

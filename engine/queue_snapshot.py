@@ -19,6 +19,7 @@ class QueuedRequest:
     prompt_len: int
     generated: int  # output tokens so far
     max_tokens: int
+    priority: int
 
 
 @dataclass(frozen=True)
@@ -56,5 +57,10 @@ def queue_snapshot(engine: LLMEngine, since_version: int = 0) -> QueueSnapshot:
 
 def _queued(state: str, req: Request) -> QueuedRequest:
     return QueuedRequest(
-        state, req.arrival, req.num_prompt_tokens, len(req.output_token_ids), req.params.max_tokens
+        state,
+        req.arrival,
+        req.num_prompt_tokens,
+        len(req.output_token_ids),
+        req.params.max_tokens,
+        req.params.priority,
     )

@@ -98,4 +98,5 @@ class Request:
             finish_reason=self.finish_reason or "abort",
             preemptions=self.num_preemptions,
             e2e_ms=round((now - self.arrival) * 1000, 3),
+            priority=self.params.priority,
         )

@@ -125,6 +125,7 @@ class RequestRecord(BaseModel):
     finish_reason: str
     preemptions: int
     e2e_ms: float
+    priority: int = 0  # SamplingParams.priority (records from before it have none: 0)
 
 
 class StepTelemetry(BaseModel):

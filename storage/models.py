@@ -88,6 +88,7 @@ class RequestRow(Base):
     e2e_ms: Mapped[float]
     finish_reason: Mapped[str] = mapped_column(String(16))
     preemptions: Mapped[int]
+    priority: Mapped[int | None]  # None in sessions recorded before it was
 
 
 # the columns a RequestRecord fills (all but the row id and the session)
@@ -102,6 +103,7 @@ REQUEST_FIELDS = (
     "e2e_ms",
     "finish_reason",
     "preemptions",
+    "priority",
 )
 
 

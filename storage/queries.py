@@ -241,7 +241,8 @@ def request_record(store: Store, session_id: str, req: str) -> dict[str, Any] | 
 
 
 def _request_dict(r: RequestRow) -> dict[str, Any]:
-    return {f: getattr(r, f) for f in REQUEST_FIELDS}
+    """A RequestRecord dict (a session recorded before priorities has them as 0)."""
+    return {f: getattr(r, f) for f in REQUEST_FIELDS} | {"priority": r.priority or 0}
 
 
 def delete_session(store: Store, session_id: str, only_ended: bool = False) -> None:

@@ -50,19 +50,21 @@ def live_trace(
     prompt (it re-prefills) and the rest of its max_tokens to go; one without output keeps
     its arrival (before 0), so its TTFT counts the wait so far."""
     items = [
-        TraceItem(q.arrival - now, q.prompt_len, q.max_tokens)
+        TraceItem(q.arrival - now, q.prompt_len, q.max_tokens, q.priority)
         if not q.generated
-        else TraceItem(0.0, q.prompt_len + q.generated, q.max_tokens - q.generated)
+        else TraceItem(0.0, q.prompt_len + q.generated, q.max_tokens - q.generated, q.priority)
         for q in queued
     ]
-    pattern = [(r["arrival"], r["prompt_len"], r["output_len"]) for r in recent]
-    pattern += [(q.arrival, q.prompt_len, q.max_tokens) for q in queued]
-    pattern = [(now - a, p, n) for a, p, n in pattern if now - a <= window_s and n > 0]
+    pattern = [
+        (r["arrival"], r["prompt_len"], r["output_len"], r.get("priority") or 0) for r in recent
+    ]
+    pattern += [(q.arrival, q.prompt_len, q.max_tokens, q.priority) for q in queued]
+    pattern = [(now - a, p, n, pr) for a, p, n, pr in pattern if now - a <= window_s and n > 0]
     repeats = math.ceil(horizon_s / window_s) if window_s > 0 else 0
     future = [
-        TraceItem(offset, p, n)
+        TraceItem(offset, p, n, pr)
         for k in range(repeats)
-        for ago, p, n in pattern
+        for ago, p, n, pr in pattern
         if 0 <= (offset := ago + k * window_s) <= horizon_s
     ]
     return items + sorted(future, key=lambda item: item.offset_s)

@@ -130,7 +130,9 @@ class _Sim:
         n = 0
         while self.next < len(self.trace) and self.trace[self.next].offset_s <= self.clock:
             item = self.trace[self.next]
-            params = SamplingParams(max_tokens=max(1, item.output_len), **PARAMS)
+            params = SamplingParams(
+                max_tokens=max(1, item.output_len), priority=item.priority, **PARAMS
+            )
             size = min(max(1, item.prompt_len), self.setup.max_model_len - 1)
             first = (self.next + 1) * self.setup.max_model_len  # ids no other request has
             prompt = list(range(first, first + size))

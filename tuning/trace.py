@@ -9,6 +9,7 @@ class TraceItem:
     offset_s: float  # arrival, from the first arrival
     prompt_len: int
     output_len: int
+    priority: int = 0  # SamplingParams.priority
 
 
 def trace_of(records: list[dict[str, Any]]) -> list[TraceItem]:
@@ -18,7 +19,10 @@ def trace_of(records: list[dict[str, Any]]) -> list[TraceItem]:
     nothing says how long they would have run."""
     served = sorted((r for r in records if r["output_len"] > 0), key=lambda r: r["arrival"])
     t0 = served[0]["arrival"] if served else 0.0
-    return [TraceItem(r["arrival"] - t0, r["prompt_len"], r["output_len"]) for r in served]
+    return [
+        TraceItem(r["arrival"] - t0, r["prompt_len"], r["output_len"], r.get("priority") or 0)
+        for r in served
+    ]
 
 
 def blocks_needed(items: list[TraceItem], block_size: int, max_len: int) -> int:

@@ -10,6 +10,7 @@ import stats
 from engine.errors import InvalidInput
 from engine.knobs import Knobs
 from tuning.outcome import slo_scores
+from tuning.trace import TraceItem
 from tuning.whatif import Twin
 
 SCALES = (0.25, 0.5, 1.0, 2.0, 4.0)  # around the session's own value
@@ -27,9 +28,11 @@ def _scaled(value: int, low: int, high: int) -> list[int]:
     return sorted({min(high, max(low, round(value * s))) for s in SCALES})
 
 
-def knob_values(name: str, knobs: Knobs, context: dict[str, Any]) -> list[Any]:
-    """The values tried for knob `name` from the session's `knobs`; InvalidInput for a knob
-    that is not searched."""
+def knob_values(
+    name: str, knobs: Knobs, context: dict[str, Any], trace: list[TraceItem]
+) -> list[Any]:
+    """The values tried for knob `name` from the session's `knobs` and `trace`; InvalidInput
+    for a knob that is not searched."""
     if name == "max_num_seqs":
         return _scaled(knobs.max_num_seqs, 1, 4096)
     if name == "max_num_batched_tokens":
@@ -37,7 +40,8 @@ def knob_values(name: str, knobs: Knobs, context: dict[str, Any]) -> list[Any]:
     if name == "prefill_chunk_size":
         return [0, *_scaled(knobs.prefill_chunk_size or 512, 1, 1 << 20)]
     if name == "policy":
-        return ["fcfs", "shortest_first"]  # a trace carries no priorities: `priority` is fcfs
+        # without priorities in the trace, `priority` orders as fcfs does
+        return ["fcfs", "shortest_first", *(["priority"] if any(t.priority for t in trace) else [])]
     if name == "preemption_mode":
         return ["recompute", "swap"]
     if name == "kv_watermark":
@@ -56,7 +60,7 @@ def candidates(twin: Twin, names: list[str], trials: int, seed: int = 0) -> list
     """Valid settings of the knobs `names` (each a dict of changes, the twin's own first): the
     whole grid, or `trials` of it drawn at random (seeded) when it is larger."""
     grid = [twin.knobs.model_dump(include=set(names))]
-    values = [knob_values(name, twin.knobs, twin.context) for name in names]
+    values = [knob_values(name, twin.knobs, twin.context, twin.trace) for name in names]
     for combo in itertools.product(*values):
         changes = dict(zip(names, combo, strict=True))
         if changes != grid[0] and _valid(twin, changes):

@@ -217,3 +217,13 @@ def test_bfloat16_engine_tracks_float32(prompts) -> None:
     for full, half in zip(runs["float32"], runs["bfloat16"], strict=True):
         top = full.token_ids[0]
         assert half.logprobs[0].get(top) == pytest.approx(full.logprobs[0][top], abs=0.1)
+
+
+def test_a_requests_record_carries_its_priority() -> None:
+    engine = LLMEngine(model="synthetic:tiny")
+    for priority in (3, -2):
+        engine.add_request([1, 2, 3], SamplingParams(max_tokens=2, priority=priority))
+    ended = []
+    while engine.has_unfinished():
+        ended += engine.step().ended
+    assert sorted(r.priority for r in ended) == [-2, 3]

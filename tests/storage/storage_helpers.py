@@ -16,7 +16,7 @@ from engine import SamplingParams
 from engine.bus import TelemetryBus
 from engine.loop import EngineLoop
 from engine.outputs import RequestOutput
-from engine.telemetry import StepTelemetry
+from engine.telemetry import RequestRecord, StepTelemetry
 from storage import Recorder, Store
 from storage.models import Base
 
@@ -84,19 +84,23 @@ def step_record(
     ).model_dump()
 
 
-def request_record(req: str, arrival: float, prompt_len: int, output_len: int) -> dict[str, Any]:
-    return {
-        "req": req,
-        "arrival": arrival,
-        "finished_t": arrival + 0.5,
-        "prompt_len": prompt_len,
-        "output_len": output_len,
-        "max_tokens": output_len,
-        "ttft_ms": 12.5,
-        "finish_reason": "length",
-        "preemptions": 0,
-        "e2e_ms": 500.0,
-    }
+def request_record(
+    req: str, arrival: float, prompt_len: int, output_len: int, priority: int = 0
+) -> dict[str, Any]:
+    """A RequestRecord's dict, as the loop publishes it."""
+    return RequestRecord(
+        req=req,
+        arrival=arrival,
+        finished_t=arrival + 0.5,
+        prompt_len=prompt_len,
+        output_len=output_len,
+        max_tokens=output_len,
+        ttft_ms=12.5,
+        finish_reason="length",
+        preemptions=0,
+        e2e_ms=500.0,
+        priority=priority,
+    ).model_dump()
 
 
 def bare_recorder(store: Store, **kwargs: Any) -> tuple[Recorder, TelemetryBus, TelemetryBus]:

@@ -74,6 +74,26 @@ def test_a_database_from_before_the_scorecard_gets_its_table(tmp_path: Path) -> 
     assert "whatif_scorecard" in tables
 
 
+def test_a_database_from_before_request_priorities_reads_them_as_zero(tmp_path: Path) -> None:
+    path = tmp_path / "older.db"
+    Store(_url(path)).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("ALTER TABLE requests DROP COLUMN priority")
+        conn.execute(
+            "INSERT INTO sessions (id, kind, model, engine_session, config, knobs, knobs_version,"
+            " started_t, dropped) VALUES ('s', 'server', 'm', 'e', '{}', '{}', 1, 0, 0)"
+        )
+        conn.execute(
+            "INSERT INTO requests (session_id, req, arrival, finished_t, prompt_len, output_len,"
+            " max_tokens, ttft_ms, e2e_ms, finish_reason, preemptions)"
+            " VALUES ('s', 'r', 1.0, 2.0, 5, 3, 3, 10.0, 1000.0, 'length', 0)"
+        )
+    store = Store(_url(path))
+    ((row,),) = [q.requests(store, "s")]
+    assert row["req"] == "r" and row["priority"] == 0
+    store.close()
+
+
 def test_a_database_from_before_knob_change_reasons_gets_the_column(tmp_path: Path) -> None:
     path = tmp_path / "older.db"
     Store(_url(path)).close()

@@ -11,14 +11,19 @@ from tuning.trace import TraceItem
 NOW = 1000.0
 
 
-def record(arrival: float, prompt_len: int, output_len: int) -> dict[str, float]:
-    return {"arrival": arrival, "prompt_len": prompt_len, "output_len": output_len}
+def record(arrival: float, prompt_len: int, output_len: int, priority: int = 0) -> dict[str, float]:
+    return {
+        "arrival": arrival,
+        "prompt_len": prompt_len,
+        "output_len": output_len,
+        "priority": priority,
+    }
 
 
 def test_the_queue_enters_first_then_recent_arrivals_mirror_over_the_horizon() -> None:
     queued = [
-        QueuedRequest("running", NOW - 3.0, 20, 5, 12),  # has output: re-prefills 25, 7 to go
-        QueuedRequest("waiting", NOW - 2.0, 30, 0, 8),  # no output yet: keeps its arrival
+        QueuedRequest("running", NOW - 3.0, 20, 5, 12, 0),  # has output: re-prefills 25, 7 to go
+        QueuedRequest("waiting", NOW - 2.0, 30, 0, 8, 0),  # no output yet: keeps its arrival
     ]
     recent = [
         record(NOW - 15.0, 7, 3),  # older than the 10 s window: left out
@@ -38,6 +43,23 @@ def test_the_queue_enters_first_then_recent_arrivals_mirror_over_the_horizon() -
         TraceItem(19.0, 9, 4),
         TraceItem(22.0, 30, 8),
         TraceItem(23.0, 20, 12),
+    ]
+
+
+def test_priorities_go_with_the_requests_queued_and_mirrored() -> None:
+    queued = [
+        QueuedRequest("running", NOW - 1.0, 20, 5, 12, 3),
+        QueuedRequest("waiting", NOW - 2.0, 30, 0, 8, -1),
+    ]
+    recent = [record(NOW - 4.0, 9, 4, priority=7), {**record(NOW - 5.0, 6, 2), "priority": None}]
+    trace = live_trace(queued, recent, NOW, window_s=10.0, horizon_s=6.0)
+    assert trace == [
+        TraceItem(0.0, 25, 7, 3),
+        TraceItem(-2.0, 30, 8, -1),
+        TraceItem(1.0, 20, 12, 3),
+        TraceItem(2.0, 30, 8, -1),
+        TraceItem(4.0, 9, 4, 7),
+        TraceItem(5.0, 6, 2, 0),  # a record from before priorities: 0
     ]
 
 

@@ -56,15 +56,15 @@ class RecordedCost:
         return []
 
 
-def workload(seed: int) -> list[tuple[int, int, int]]:
-    """(arrival step, prompt length, output length) of 10 requests."""
+def workload(seed: int) -> list[tuple[int, int, int, int]]:
+    """(arrival step, prompt length, output length, priority) of 10 requests."""
     rng = random.Random(seed)
     arrivals = sorted(rng.randrange(0, 12) for _ in range(10))
-    return [(a, rng.randrange(3, 70), rng.randrange(2, 24)) for a in arrivals]
+    return [(a, rng.randrange(3, 70), rng.randrange(2, 24), rng.randrange(-2, 3)) for a in arrivals]
 
 
 def run_engine(
-    knobs: dict[str, Any], work: list[tuple[int, int, int]], caching: bool = False
+    knobs: dict[str, Any], work: list[tuple[int, int, int, int]], caching: bool = False
 ) -> tuple[list[dict[str, Any]], list[TraceItem]]:
     """Drive the engine on a clock that each step advances by its own measured duration;
     a request arrives at the clock's value when the engine reaches its arrival step (at
@@ -74,12 +74,14 @@ def run_engine(
     clock, steps, trace, pending = 0.0, [], [], list(work)
     while pending or engine.has_unfinished():
         while pending and (pending[0][0] <= len(steps) or not engine.has_unfinished()):
-            _, prompt_len, output_len = pending.pop(0)
-            params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+            _, prompt_len, output_len, priority = pending.pop(0)
+            params = SamplingParams(
+                max_tokens=output_len, temperature=0.0, ignore_eos=True, priority=priority
+            )
             engine.add_request(
                 [rng.randrange(256) for _ in range(prompt_len)], params, arrival=clock
             )
-            trace.append(TraceItem(clock, prompt_len, output_len))
+            trace.append(TraceItem(clock, prompt_len, output_len, priority))
         record = engine.step().telemetry.model_dump()
         clock += record["dur_ms"]["total"] / 1000
         steps.append(record)

@@ -11,6 +11,7 @@ from engine.config import CacheConfig
 from engine.errors import InvalidInput
 from engine.knobs import Knobs
 from tuning.trace import TraceItem, blocks_needed
+from tuning.tune import knob_values
 from tuning.whatif import twin_from_recording
 
 CONFIG = {
@@ -48,3 +49,16 @@ def test_a_kv_capacity_below_a_recorded_requests_need_is_refused() -> None:
     with pytest.raises(InvalidInput, match="must be at least 10") as refused:
         twin.candidate({"kv_capacity_blocks": 9})
     assert refused.value.param == "kv_capacity_blocks"
+
+
+def test_priorities_reach_the_twin_and_its_search() -> None:
+    """A recorded session's priorities go into its trace, and only then does a search try
+    the `priority` policy (without them it orders as fcfs)."""
+    session = {"config": CONFIG, "knobs": Knobs().model_dump()}
+    plain = twin_from_recording(session, fake_session(60), records())
+    assert [t.priority for t in plain.trace] == [0, 0, 0]
+    assert "priority" not in knob_values("policy", plain.knobs, plain.context, plain.trace)
+    ranked = [{**r, "priority": p} for r, p in zip(records(), [2, None, -1], strict=True)]
+    twin = twin_from_recording(session, fake_session(60), ranked)
+    assert [t.priority for t in twin.trace] == [2, 0, -1]
+    assert "priority" in knob_values("policy", twin.knobs, twin.context, twin.trace)
