@@ -133,7 +133,6 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    sys.setswitchinterval(float(os.environ.get("MS_SWITCH", "0.005")))
     if args.threads != "auto":
         torch.set_num_threads(args.threads)  # also the expert-parallel ranks' count
     settings = ServerSettings.from_env(

@@ -65,8 +65,9 @@ FULL_SHAPE = Shape(
     top_k=2,
     max_positions=1024,
 )
-# issue 17's model, the one every CPU speed comparison uses (forward, threads, the peer)
-SERVE_SHAPE = replace(FULL_SHAPE, vocab=4096)
+# issue 17's model, the one every CPU speed comparison uses (forward, threads, the peer):
+# the offline shape with a 4096-token vocabulary, 2 KV heads and room for long contexts
+SERVE_SHAPE = replace(FULL_SHAPE, vocab=4096, kv_heads=2, max_positions=4096)
 # fine-grained experts: many small ones, more of them per token
 FINE_SHAPE = replace(SERVE_SHAPE, intermediate=256, experts=32, top_k=4)
 QUICK_SHAPE = Shape(
