@@ -53,6 +53,9 @@ DTYPES = {"f32": "float32", "bf16": "bfloat16"}
 SERVED_NAME = "peer"
 AGREE_PROMPTS, AGREE_TOKENS = 4, 32
 RUN_LIMIT_S = 900  # a run this long means the machine is swamped: stop rather than wait
+# Before each run, wait (at most QUIET_WAIT_S) until other processes use less than QUIET_CORES:
+# llama.cpp's spinning thread barriers slow down many times over on oversubscribed cores.
+QUIET_CORES, QUIET_WAIT_S = 0.2, 600
 ENGINES = ("llama.cpp", "moescope", "moescope A/A")  # the order of each round
 
 
@@ -104,14 +107,33 @@ def _process_cpu(proc: psutil.Process) -> float:
 
 
 def _busy_cpu() -> float:
-    """CPU seconds the whole machine has spent busy (neither idle nor waiting on I/O)."""
+    """CPU seconds the whole machine has spent running anything (steal and guest time, the
+    latter already inside user, left out)."""
     t = psutil.cpu_times()
-    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+    return t.user + t.system + sum(getattr(t, f, 0.0) for f in ("nice", "irq", "softirq"))
+
+
+def wait_quiet(window_s: float = 2.0) -> float:
+    """Wait until the machine's busy CPU over `window_s` falls below QUIET_CORES (this process
+    is idle meanwhile) or QUIET_WAIT_S passes; returns the seconds waited."""
+    started = time.monotonic()
+    while True:
+        busy0 = _busy_cpu()
+        time.sleep(window_s)
+        cores = (_busy_cpu() - busy0) / window_s
+        waited = time.monotonic() - started
+        if cores < QUIET_CORES or waited > QUIET_WAIT_S:
+            if waited > 1.5 * window_s:
+                progress(f"waited {waited:.0f} s for other processes to quiet down")
+            return waited
+        if waited < window_s * 1.5:
+            progress(f"other processes use {cores:.1f} cores; waiting for them to quiet down")
 
 
 @contextlib.contextmanager
 def serving(engine: str, cmd: list[str], health: str, log: Path) -> Iterator[Server]:
     """`cmd` (which takes the port from `{port}`) started, healthy, and stopped after."""
+    wait_quiet()
     port = free_port()
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
@@ -335,22 +357,27 @@ def sweep(ctx: Context, precision: str, wl: Workload, quick: bool) -> tuple[Llam
     best, tried = LlamaSetting(min(16, len(wl)), ctx.threads), []
     if quick:
         return best, tried
-    stages = [
-        lambda b: [replace(b, parallel=n) for n in (16, 32, 64, 128)],
-        lambda b: [replace(b, threads=t) for t in (1, 2)],
-        lambda b: [replace(b, ubatch=u) for u in (128, 512, 2048)],
-        lambda b: [replace(b, flash=f) for f in ("off", "on")],
-    ]
     scores: dict[LlamaSetting, float] = {}
-    for stage in stages:
-        for s in stage(best):
+
+    def trial(settings: list[LlamaSetting]) -> LlamaSetting:
+        for s in settings:
             if s not in scores:
                 run = llama_run(ctx, precision, s, wl)
                 scores[s] = run.tok_s
                 tried.append(run)
                 progress(f"{precision} sweep {s}: {run.tok_s:.1f} tok/s")
-        best = max(scores, key=scores.__getitem__)
-    return best, tried
+        return max(scores, key=scores.__getitem__)
+
+    best = trial([replace(best, parallel=n) for n in (16, 32, 64, 128)])
+    # the fastest slot count is the smallest tried: halve it while that still helps
+    while best.parallel > 1 and best.parallel == min(s.parallel for s in scores):
+        fewer = trial([replace(best, parallel=best.parallel // 2)])
+        if fewer == best:
+            break
+        best = fewer
+    best = trial([replace(best, threads=t) for t in (1, 2)])
+    best = trial([replace(best, ubatch=u) for u in (128, 512, 2048)])
+    return trial([replace(best, flash=f) for f in ("off", "on")]), tried
 
 
 def rounds(ctx: Context, precision: str, setting: LlamaSetting, wl: Workload, n: int) -> list:

@@ -57,7 +57,7 @@ def render(
 def setup(args: argparse.Namespace, ctx: Context, wl: Workload) -> list[str]:
     """The bullets after the header: both engines, how they were built and run, the model,
     the workload and the method."""
-    from peer_llamacpp import SHAPE, moescope_args
+    from peer_llamacpp import QUIET_CORES, QUIET_WAIT_S, SHAPE, moescope_args
 
     src = ctx.source
     dtype = "float32|bfloat16"
@@ -88,9 +88,11 @@ def setup(args: argparse.Namespace, ctx: Context, wl: Workload) -> list[str]:
         "waited on until its health endpoint answers, warmed up with two short requests, then "
         "stopped. Server CPU s is the server process's user + system time over the run. "
         "Rounds alternate llama.cpp, moescope, moescope again (A/A control). The cores are "
-        "shared with other workers: others' CPU s is the CPU time every other process took "
-        "during the run (machine busy time less the server's and the client's), so "
-        "runs with others' CPU well above zero were disturbed",
+        "shared with other workers, so each server starts only once other processes have used "
+        f"under {QUIET_CORES} cores for 2 s (or after {QUIET_WAIT_S / 60:.0f} min of waiting); "
+        "others' CPU s is the CPU time every other process took during the run (machine busy "
+        "time less the server's and the client's): runs with others' CPU well above zero were "
+        "disturbed",
         f"- Preparation (llama.cpp build, checkpoint, GGUF conversion; skipped when cached "
         f"under {peer_build.CACHE}): {args.prepare_s:.0f} s this time",
     ]
@@ -119,6 +121,14 @@ def agreement_lines(rows: list[dict[str, Any]], precision: str) -> list[str]:
             f"| {r['prompt']} | {r['same']} | {r['llama_vs_f32']} | {r['moescope_vs_f32']} |"
             for r in rows
         ]
+        lines += [
+            "",
+            f"At {precision} neither engine reproduces f32's greedy tokens for long, so the "
+            "two need not agree with each other: ggml rounds only a matmul's input to "
+            f"{precision} and keeps its result, the norms and the residual stream in f32, "
+            f"while moescope's torch model at {precision} passes activations between ops in "
+            f"{precision}.",
+        ]
     return [*lines, ""]
 
 
@@ -126,8 +136,9 @@ def sweep_lines(tried: list[Run], best: Any) -> list[str]:
     if not tried:
         return [f"llama.cpp setting: `{best}` (no sweep).", ""]
     lines = [
-        f"llama.cpp sweep on the whole workload (coordinate search: `-np`, then `-t`, `-ub`, "
-        f"`-fa`, each stage keeping the fastest; one run each). Best: `{best}`.",
+        f"llama.cpp sweep on the whole workload (coordinate search: `-np` 16 to 128, halved "
+        f"further while the smallest is fastest, then `-t`, `-ub`, `-fa`, each stage keeping "
+        f"the fastest; one run each). Best: `{best}`.",
         "",
         "| llama-server setting | wall s | out tok/s | server CPU s | others' CPU s |",
         "| --- | --- | --- | --- | --- |",
