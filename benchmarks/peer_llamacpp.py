@@ -351,10 +351,12 @@ def moescope_run(ctx: Context, precision: str, wl: Workload) -> Run:
         return timed_run(server, wl, " ".join(args))
 
 
-def sweep(ctx: Context, precision: str, wl: Workload, quick: bool) -> tuple[LlamaSetting, list]:
+def sweep(
+    ctx: Context, precision: str, wl: Workload, quick: bool
+) -> tuple[LlamaSetting, list[Run]]:
     """llama.cpp's best setting by coordinate search (slots, then threads, then micro-batch,
     then flash attention; each stage keeps the fastest on `wl`) and every tried setting's run."""
-    best, tried = LlamaSetting(min(16, len(wl)), ctx.threads), []
+    best, tried = LlamaSetting(min(16, len(wl)), ctx.threads), list[Run]()
     if quick:
         return best, tried
     scores: dict[LlamaSetting, float] = {}
@@ -380,7 +382,7 @@ def sweep(ctx: Context, precision: str, wl: Workload, quick: bool) -> tuple[Llam
     return trial([replace(best, flash=f) for f in ("off", "on")]), tried
 
 
-def rounds(ctx: Context, precision: str, setting: LlamaSetting, wl: Workload, n: int) -> list:
+def rounds(ctx: Context, precision: str, setting: LlamaSetting, wl: Workload, n: int) -> list[Run]:
     """`n` rounds of llama.cpp, moescope, moescope again (the A/A control), in that order."""
     runs: list[Run] = []
     for r in range(n):

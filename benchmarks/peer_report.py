@@ -90,9 +90,10 @@ def setup(args: argparse.Namespace, ctx: Context, wl: Workload) -> list[str]:
         "Rounds alternate llama.cpp, moescope, moescope again (A/A control). The cores are "
         "shared with other workers, so each server starts only once other processes have used "
         f"under {QUIET_CORES} cores for 2 s (or after {QUIET_WAIT_S / 60:.0f} min of waiting); "
-        "others' CPU s is the CPU time every other process took during the run (machine busy "
-        "time less the server's and the client's): runs with others' CPU well above zero were "
-        "disturbed",
+        "others' CPU s is the CPU time every other process took during the run (the "
+        "machine's busy time from /proc/stat ticks less the server's and the client's own "
+        "times, so good to a few CPU seconds; a negative difference shows as 0): runs with "
+        "others' CPU well above zero were disturbed",
         f"- Preparation (llama.cpp build, checkpoint, GGUF conversion; skipped when cached "
         f"under {peer_build.CACHE}): {args.prepare_s:.0f} s this time",
     ]
