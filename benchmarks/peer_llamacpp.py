@@ -1,0 +1,474 @@
+"""`moescope serve` against llama.cpp's `llama-server` on the same weights and precision.
+
+One seeded Mixtral-shaped checkpoint, converted to GGUF by llama.cpp's own script at f32 and
+bf16 (`peer_build.py` builds and converts, cached outside the repo). One async client here
+drives both servers alike: every request of the workload sent at once, token-id prompts,
+greedy, EOS ignored, each response checked to hold exactly its requested token count;
+throughput is output tokens over the wall time from the first send to the last response.
+Before timing, the first greedy tokens of a few prompts are compared between the two.
+llama.cpp's slots, threads, micro-batch and flash attention are swept on the workload first
+and its best setting is timed. Each server runs in a fresh subprocess per run, warmed up;
+the runs alternate (llama.cpp, moescope, moescope A/A) for `--repeats` rounds. Writes a
+section of benchmarks/RESULTS.md. Never run in CI (it builds llama.cpp: ~11 min on 2 cores).
+Run: `python benchmarks/peer_llamacpp.py` (`--quick` for a smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import peer_build
+import peer_report
+import psutil
+from offline_runners import SERVE_SHAPE, Workload, build_checkpoint, make_workload, quiet_transformers
+from results_md import add_results_arguments, publish, results_path
+
+from engine.ep.ranks import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+SHAPE = SERVE_SHAPE
+PROMPT_RANGE, OUTPUT_RANGE = (16, 512), (8, 245)
+DTYPES = {"f32": "float32", "bf16": "bfloat16"}
+SERVED_NAME = "peer"
+AGREE_PROMPTS, AGREE_TOKENS = 4, 32
+RUN_LIMIT_S = 900  # a run this long means the machine is swamped: stop rather than wait
+# Before each run, wait (at most QUIET_WAIT_S) until other processes use less than QUIET_CORES:
+# llama.cpp's spinning thread barriers slow down many times over on oversubscribed cores.
+QUIET_CORES, QUIET_WAIT_S = 0.2, 600
+ENGINES = ("llama.cpp", "moescope", "moescope A/A")  # the order of each round
+
+
+def progress(message: str) -> None:
+    print(f"[peer] {message}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- servers
+
+
+@dataclass(frozen=True)
+class LlamaSetting:
+    """The llama-server knobs the sweep moves (`-np`, `-t`/`-tb`, `-ub`, `-fa`)."""
+
+    parallel: int
+    threads: int = 2
+    ubatch: int = 512
+    flash: str = "off"
+
+    def __str__(self) -> str:
+        return f"-np {self.parallel} -t {self.threads} -ub {self.ubatch} -fa {self.flash}"
+
+    def args(self, slot_ctx: int, kv: str) -> list[str]:
+        # -c is shared among the slots: each gets slot_ctx, room for the longest request
+        return [
+            *("-np", str(self.parallel), "-c", str(self.parallel * slot_ctx)),
+            *("-t", str(self.threads), "-tb", str(self.threads)),
+            *("-ub", str(self.ubatch), "-b", str(max(2048, self.ubatch)), "-fa", self.flash),
+            *("-ctk", kv, "-ctv", kv, "--cache-ram", "0"),
+        ]
+
+
+@dataclass
+class Server:
+    """A server subprocess, its URL and which engine it is (`llama.cpp`, `moescope`)."""
+
+    engine: str
+    proc: subprocess.Popen[bytes]
+    url: str
+
+    def cpu_s(self) -> float:
+        """The process's CPU seconds so far (user + system, children included)."""
+        return _process_cpu(psutil.Process(self.proc.pid))
+
+
+def _process_cpu(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def _busy_cpu() -> float:
+    """CPU seconds the whole machine has spent running anything (steal and guest time, the
+    latter already inside user, left out)."""
+    t = psutil.cpu_times()
+    return t.user + t.system + sum(getattr(t, f, 0.0) for f in ("nice", "irq", "softirq"))
+
+
+def wait_quiet(window_s: float = 2.0) -> float:
+    """Wait until the machine's busy CPU over `window_s` falls below QUIET_CORES (this process
+    is idle meanwhile) or QUIET_WAIT_S passes; returns the seconds waited."""
+    started = time.monotonic()
+    while True:
+        busy0 = _busy_cpu()
+        time.sleep(window_s)
+        cores = (_busy_cpu() - busy0) / window_s
+        waited = time.monotonic() - started
+        if cores < QUIET_CORES or waited > QUIET_WAIT_S:
+            if waited > 1.5 * window_s:
+                progress(f"waited {waited:.0f} s for other processes to quiet down")
+            return waited
+        if waited < window_s * 1.5:
+            progress(f"other processes use {cores:.1f} cores; waiting for them to quiet down")
+
+
+@contextlib.contextmanager
+def serving(engine: str, cmd: list[str], health: str, log: Path) -> Iterator[Server]:
+    """`cmd` (which takes the port from `{port}`) started, healthy, and stopped after."""
+    wait_quiet()
+    port = free_port()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as out:
+        argv = [c.replace("{port}", str(port)) for c in cmd]
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+    server = Server(engine, proc, f"http://127.0.0.1:{port}")
+    try:
+        _wait_healthy(server, health, log)
+        yield server
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _wait_healthy(server: Server, health: str, log: Path, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"{server.engine} exited ({server.proc.returncode}); see {log}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(server.url + health, timeout=2).status_code == 200:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{server.engine} not healthy after {timeout_s:.0f} s; see {log}")
+        time.sleep(0.1)
+
+
+def llama(
+    bins: Path, gguf: Path, setting: LlamaSetting, slot_ctx: int, kv: str
+) -> contextlib.AbstractContextManager[Server]:
+    cmd = [str(bins / "llama-server"), "-m", str(gguf), "--host", "127.0.0.1", "--port", "{port}"]
+    cmd += setting.args(slot_ctx, kv)
+    return serving("llama.cpp", cmd, "/health", peer_build.CACHE / "logs" / "llama-server.log")
+
+
+def moescope_args(dtype: str, kv_blocks: int, threads: int) -> list[str]:
+    """`moescope serve`'s flags in this benchmark (after --model and --port)."""
+    return [
+        *("--threads", str(threads), "--dtype", dtype, "--max-num-seqs", "128"),
+        *("--kv-blocks", str(kv_blocks), "--served-model-name", SERVED_NAME),
+        *("--no-record", "--no-metrics"),
+    ]
+
+
+def moescope(model: Path, args: list[str]) -> contextlib.AbstractContextManager[Server]:
+    cmd = [sys.executable, "-m", "api.cli", "serve", "--model", str(model), "--port", "{port}"]
+    log = peer_build.CACHE / "logs" / "moescope-serve.log"
+    return serving("moescope", cmd + args, "/api/status", log)
+
+
+# ---------------------------------------------------------------- the client
+
+
+def _request(engine: str, prompt: list[int], n: int, tokens: bool = False) -> tuple[str, dict]:
+    """The path and body of one greedy, EOS-ignoring completion of `n` tokens."""
+    if engine == "llama.cpp":
+        body = {"prompt": prompt, "n_predict": n, "ignore_eos": True, "temperature": 0.0}
+        return "/completion", {**body, "cache_prompt": False, "return_tokens": tokens}
+    body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": n, "ignore_eos": True}
+    return "/v1/completions", {**body, "temperature": 0.0}
+
+
+def _count(engine: str, reply: dict[str, Any]) -> int:
+    if engine == "llama.cpp":
+        return reply["tokens_predicted"]
+    return reply["usage"]["completion_tokens"]
+
+
+async def _send(client: httpx.AsyncClient, server: Server, prompt: list[int], n: int) -> int:
+    path, body = _request(server.engine, prompt, n)
+    reply = await client.post(server.url + path, json=body)
+    reply.raise_for_status()
+    return _count(server.engine, reply.json())
+
+
+async def _send_all(server: Server, wl: Workload) -> tuple[float, list[int]]:
+    """Every request at once; the wall seconds from the first send to the last reply."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(limits=limits, timeout=None) as client:
+        start = time.perf_counter()
+        pairs = zip(wl.prompts, wl.max_tokens, strict=True)
+        counts = await asyncio.gather(*(_send(client, server, p, n) for p, n in pairs))
+        return time.perf_counter() - start, list(counts)
+
+
+@dataclass
+class Run:
+    """One timed run of the workload against one server."""
+
+    engine: str
+    setting: str
+    wall_s: float
+    tokens: int
+    cpu_s: float
+    others_cpu_s: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.wall_s
+
+
+def timed_run(server: Server, wl: Workload, setting: str) -> Run:
+    """The workload once (after a warm-up of two short requests), its counts checked; with
+    the server's CPU time and that of every process but it and this one (the machine is
+    shared: what others ran meanwhile)."""
+    asyncio.run(_send_all(server, Workload([[1 + i for i in range(24)]] * 2, [8, 8])))
+    me = psutil.Process()
+    loop0 = _engine_loop(server)
+    cpu0, busy0, mine0 = server.cpu_s(), _busy_cpu(), _process_cpu(me)
+    wall, counts = asyncio.run(asyncio.wait_for(_send_all(server, wl), RUN_LIMIT_S))
+    cpu = server.cpu_s() - cpu0
+    others = _busy_cpu() - busy0 - cpu - (_process_cpu(me) - mine0)
+    wrong = [i for i, (c, n) in enumerate(zip(counts, wl.max_tokens, strict=True)) if c != n]
+    if wrong:
+        raise RuntimeError(f"{server.engine}: {len(wrong)} requests with a wrong token count")
+    run = Run(server.engine, setting, wall, sum(counts), cpu, max(others, 0.0))
+    if loop0:
+        loop1 = _engine_loop(server)
+        run.extra.update({k: loop1[k] - loop0[k] for k in ("steps", "busy_s", "busy_cpu_s")})
+    return run
+
+
+def _engine_loop(server: Server) -> dict[str, Any]:
+    """moescope's engine-loop counters (steps, time in steps); nothing for llama.cpp."""
+    if server.engine != "moescope":
+        return {}
+    return httpx.get(server.url + "/api/status", timeout=10).json()["loop"]
+
+
+# ---------------------------------------------------------------- agreement
+
+
+def llama_tokens(server: Server, prompts: list[list[int]], n: int) -> list[list[int]]:
+    """llama-server's greedy tokens, one request at a time."""
+    out = []
+    for p in prompts:
+        path, body = _request("llama.cpp", p, n, tokens=True)
+        reply = httpx.post(server.url + path, json=body, timeout=120)
+        reply.raise_for_status()
+        out.append(reply.json()["tokens"])
+    return out
+
+
+def moescope_tokens(model: Path, dtype: str, prompts: list[list[int]], n: int) -> list[list[int]]:
+    """moescope's greedy tokens (the engine `moescope serve` runs, here in process; the
+    server's replies carry text, and this checkpoint has no tokenizer)."""
+    from engine import LLM, SamplingParams
+
+    llm = LLM(str(model), dtype=dtype, num_kv_blocks=256)
+    params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+    return [o.token_ids for o in llm.generate(prompts, [params] * len(prompts))]
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
+    pairs = zip(a, b, strict=False)  # either may be shorter
+    return next((i for i, (x, y) in enumerate(pairs) if x != y), min(len(a), len(b)))
+
+
+def agreement(ctx: Context, precision: str, wl: Workload) -> list[dict[str, Any]]:
+    """Per prompt: its length and how many leading greedy tokens the two engines share
+    (llama-server with `-fa off` and the KV cache at the run's precision); below f32, also
+    how many each shares with moescope at f32."""
+    prompts = wl.prompts[:AGREE_PROMPTS]
+    with llama(ctx.bins, ctx.gguf[precision], LlamaSetting(4), ctx.slot_ctx, precision) as s:
+        theirs = llama_tokens(s, prompts, AGREE_TOKENS)
+    ours = moescope_tokens(ctx.model, DTYPES[precision], prompts, AGREE_TOKENS)
+    ref = (
+        ours if precision == "f32" else moescope_tokens(ctx.model, "float32", prompts, AGREE_TOKENS)
+    )
+    rows = [
+        {
+            "prompt": len(p),
+            "same": common_prefix(a, b),
+            "llama_vs_f32": common_prefix(a, r),
+            "moescope_vs_f32": common_prefix(b, r),
+            "of": AGREE_TOKENS,
+        }
+        for p, a, b, r in zip(prompts, theirs, ours, ref, strict=True)
+    ]
+    progress(f"{precision} agreement (leading tokens equal): {[r['same'] for r in rows]}")
+    return rows
+
+
+# ---------------------------------------------------------------- sweep and rounds
+
+
+@dataclass
+class Context:
+    """What every run needs: llama.cpp's source and binaries, the checkpoint and its GGUFs,
+    the KV sizes and the servers' threads."""
+
+    source: peer_build.Source
+    bins: Path
+    model: Path
+    gguf: dict[str, Path]
+    slot_ctx: int
+    kv_blocks: int
+    threads: int
+
+
+def llama_run(ctx: Context, precision: str, setting: LlamaSetting, wl: Workload) -> Run:
+    with llama(ctx.bins, ctx.gguf[precision], setting, ctx.slot_ctx, precision) as server:
+        return timed_run(server, wl, str(setting))
+
+
+def moescope_run(ctx: Context, precision: str, wl: Workload) -> Run:
+    args = moescope_args(DTYPES[precision], ctx.kv_blocks, ctx.threads)
+    with moescope(ctx.model, args) as server:
+        return timed_run(server, wl, " ".join(args))
+
+
+def sweep(
+    ctx: Context, precision: str, wl: Workload, quick: bool
+) -> tuple[LlamaSetting, list[Run]]:
+    """llama.cpp's best setting by coordinate search (slots, then threads, then micro-batch,
+    then flash attention; each stage keeps the fastest on `wl`) and every tried setting's run."""
+    best, tried = LlamaSetting(min(16, len(wl)), ctx.threads), list[Run]()
+    if quick:
+        return best, tried
+    scores: dict[LlamaSetting, float] = {}
+
+    def trial(settings: list[LlamaSetting]) -> LlamaSetting:
+        for s in settings:
+            if s not in scores:
+                run = llama_run(ctx, precision, s, wl)
+                scores[s] = run.tok_s
+                tried.append(run)
+                progress(f"{precision} sweep {s}: {run.tok_s:.1f} tok/s")
+        return max(scores, key=scores.__getitem__)
+
+    best = trial([replace(best, parallel=n) for n in (16, 32, 64, 128)])
+    # the fastest slot count is the smallest tried: halve it while that still helps
+    while best.parallel > 1 and best.parallel == min(s.parallel for s in scores):
+        fewer = trial([replace(best, parallel=best.parallel // 2)])
+        if fewer == best:
+            break
+        best = fewer
+    best = trial([replace(best, threads=t) for t in (1, 2)])
+    best = trial([replace(best, ubatch=u) for u in (128, 512, 2048)])
+    return trial([replace(best, flash=f) for f in ("off", "on")]), tried
+
+
+def rounds(ctx: Context, precision: str, setting: LlamaSetting, wl: Workload, n: int) -> list[Run]:
+    """`n` rounds of llama.cpp, moescope, moescope again (the A/A control), in that order."""
+    runs: list[Run] = []
+    for r in range(n):
+        for engine in ENGINES:
+            if engine == "llama.cpp":
+                run = llama_run(ctx, precision, setting, wl)
+            else:
+                run = moescope_run(ctx, precision, wl)
+                run.engine = engine
+            run.extra["round"] = r + 1
+            runs.append(run)
+            progress(
+                f"{precision} round {r + 1} {engine}: {run.tok_s:.1f} tok/s "
+                f"({run.wall_s:.1f} s, server CPU {run.cpu_s:.1f} s)"
+            )
+    return runs
+
+
+def summarize(runs: list[Run]) -> dict[str, float]:
+    """Median tok/s per engine, the ratio moescope / llama.cpp and the A/A ratio."""
+    med = {e: statistics.median(r.tok_s for r in runs if r.engine == e) for e in ENGINES}
+    return {
+        **med,
+        "ratio": med["moescope"] / med["llama.cpp"],
+        "aa": med["moescope A/A"] / med["moescope"],
+    }
+
+
+# ---------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--precision", choices=["f32", "bf16", "both"], default="both")
+    p.add_argument("--repeats", type=int, default=3, help="alternating rounds per precision")
+    p.add_argument("--requests", type=int, default=128)
+    p.add_argument("--threads", type=int, default=2, help="threads of each server")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="16 requests, 1 round, no sweep")
+    add_results_arguments(p)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.requests, args.repeats = 16, 1
+    return args
+
+
+def prepare(args: argparse.Namespace, precisions: list[str], wl: Workload) -> Context:
+    """Build llama.cpp, the checkpoint and its GGUFs (each only if not cached)."""
+    src = peer_build.fetch_source()
+    bins = peer_build.build(src)
+    model = peer_build.CACHE / "models" / f"mixtral-v{SHAPE.vocab}-h{SHAPE.hidden}-seed{args.seed}"
+    if not (model / "config.json").exists():
+        progress(f"building checkpoint at {model}")
+        with quiet_transformers():
+            build_checkpoint(model, SHAPE, args.seed)
+    gguf = {p: peer_build.convert(src, model, SHAPE.vocab, p) for p in precisions}
+    longest = max(len(p) + n for p, n in zip(wl.prompts, wl.max_tokens, strict=True))
+    slot_ctx = -(-longest // 256) * 256
+    return Context(src, bins, model, gguf, slot_ctx, wl.blocks(16) + 128, args.threads)
+
+
+def measure(ctx: Context, precision: str, wl: Workload, args: argparse.Namespace) -> dict:
+    """One precision: agreement, sweep, the alternating rounds and their medians."""
+    started = time.perf_counter()
+    agree = agreement(ctx, precision, wl)
+    best, tried = sweep(ctx, precision, wl, args.quick)
+    progress(f"{precision}: llama.cpp best setting {best}")
+    runs = rounds(ctx, precision, best, wl, args.repeats)
+    return {
+        "agreement": agree,
+        "sweep": tried,
+        "best": best,
+        "runs": runs,
+        "summary": summarize(runs),
+        "runtime_s": time.perf_counter() - started,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Build, then per precision measure and publish its own section; returns per precision
+    the agreement, sweep, best setting, runs and medians."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    precisions = ["f32", "bf16"] if args.precision == "both" else [args.precision]
+    wl = make_workload(args.requests, args.seed, SHAPE.vocab, PROMPT_RANGE, OUTPUT_RANGE)
+    started = time.perf_counter()
+    ctx = prepare(args, precisions, wl)
+    args.prepare_s = time.perf_counter() - started
+    progress(f"workload: {len(wl)} requests, {wl.num_output_tokens} output tokens")
+    out: dict[str, Any] = {}
+    for precision in precisions:
+        out[precision] = res = measure(ctx, precision, wl, args)
+        text = peer_report.render(args, argv, ctx, wl, precision, res)
+        publish(peer_report.section(precision), text, results_path(args))
+    return out
+
+
+if __name__ == "__main__":
+    main()
