@@ -31,7 +31,13 @@ import httpx
 import peer_build
 import peer_report
 import psutil
-from offline_runners import SERVE_SHAPE, Workload, build_checkpoint, make_workload, quiet_transformers
+from offline_runners import (
+    SERVE_SHAPE,
+    Workload,
+    build_checkpoint,
+    make_workload,
+    quiet_transformers,
+)
 from results_md import add_results_arguments, publish, results_path
 
 from engine.ep.ranks import free_port
