@@ -19,8 +19,10 @@ def config_from_args(model: str, **engine_args: Any) -> EngineConfig:
 
 
 def build_loop(model: str, **engine_args: Any) -> EngineLoop:
-    """An EngineLoop around a new LLMEngine (arguments left as None take engine defaults)."""
-    return EngineLoop(LLMEngine(config_from_args(model, **engine_args)))
+    """An EngineLoop around a new LLMEngine, built on the engine thread (arguments left as
+    None take engine defaults)."""
+    config = config_from_args(model, **engine_args)
+    return EngineLoop.built_on_its_thread(lambda: LLMEngine(config))
 
 
 class ServerThread:

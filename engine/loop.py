@@ -21,6 +21,7 @@ from engine.sampling_params import SamplingParams
 log = logging.getLogger(__name__)
 
 OutputCallback = Callable[[RequestOutput], None]
+THREAD_NAME = "moescope-engine"
 
 
 @dataclass
@@ -87,21 +88,60 @@ class EngineLoop:
         self._inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._streams: dict[str, OutputCallback] = {}
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="moescope-engine", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+        self._go: threading.Event | None = None  # set: a thread that built the engine may run
         self._ids = 0
         self._ids_lock = threading.Lock()
 
     # lifecycle
 
+    @classmethod
+    def built_on_its_thread(
+        cls, make: Callable[[], LLMEngine], idle_wait_s: float = 0.05
+    ) -> "EngineLoop":
+        """A loop whose engine `make` builds on the engine thread itself (its errors raise
+        here); the thread steps once `start` is called.
+
+        libgomp cuts its spin-waiting once a second OpenMP team exists on no more cores than
+        threads: an engine built on one thread (loading the weights starts a team) and
+        stepped on another ran 1.3-1.5x slower on 2 cores."""
+        made: Future[EngineLoop] = Future()
+        go = threading.Event()
+
+        def main() -> None:
+            try:
+                loop = cls(make(), idle_wait_s)
+            except BaseException as exc:  # noqa: BLE001 - raised again by made.result()
+                made.set_exception(exc)
+                return
+            loop._thread, loop._go = threading.current_thread(), go
+            made.set_result(loop)
+            go.wait()
+            if not loop._stop.is_set():
+                loop._run()
+
+        threading.Thread(target=main, name=THREAD_NAME, daemon=True).start()
+        return made.result()
+
     def start(self) -> None:
         """Start the engine thread (once; later calls do nothing)."""
-        if not self._thread.is_alive() and not self._stop.is_set() and self.error is None:
-            self.started_t = time.time()
+        if self._stop.is_set() or self.error is not None or self._started:
+            return
+        self.started_t = time.time()
+        if self._go is None:
             self._thread.start()
+        else:
+            self._go.set()
+
+    @property
+    def _started(self) -> bool:
+        return self._go.is_set() if self._go is not None else self._thread.is_alive()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the engine thread, then the engine's other expert-parallel ranks."""
         self._stop.set()
+        if self._go is not None:
+            self._go.set()  # a thread still waiting to start sees the stop and ends
         if self._thread.is_alive():
             self._thread.join(timeout)
         self.engine.close()
@@ -109,7 +149,8 @@ class EngineLoop:
     @property
     def alive(self) -> bool:
         return (
-            self._thread.is_alive()
+            self._started
+            and self._thread.is_alive()
             and self.error is None
             and not self._stop.is_set()
             and self.engine.failure is None

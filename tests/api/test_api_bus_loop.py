@@ -143,3 +143,44 @@ def test_each_request_ends_in_one_record(loop: EngineLoop) -> None:
     assert by_id[aborted]["finish_reason"] == "abort"
     assert all(r["ttft_ms"] is not None and r["e2e_ms"] >= r["ttft_ms"] for r in records)
     loop.requests.unsubscribe(sub)
+
+
+def test_a_loop_built_on_its_thread_steps_there() -> None:
+    """The engine is built on the thread that steps it (and calls back from it), which only
+    starts stepping with `start`."""
+    built_on: list[threading.Thread] = []
+
+    def make() -> LLMEngine:
+        built_on.append(threading.current_thread())
+        return LLMEngine(model=MODEL)
+
+    loop = EngineLoop.built_on_its_thread(make)
+    assert built_on[0] is not threading.current_thread() and not loop.alive
+    seen: list[threading.Thread] = []
+    done = threading.Event()
+
+    def on_output(out: RequestOutput) -> None:
+        seen.append(threading.current_thread())
+        if out.finished:
+            done.set()
+
+    loop.start()
+    try:
+        loop.submit([1, 2, 3], SamplingParams(max_tokens=3), on_output)
+        assert done.wait(TIMEOUT) and loop.alive
+        assert set(seen) == {built_on[0]}
+    finally:
+        loop.stop()
+    assert not built_on[0].is_alive()
+
+
+def test_a_loop_built_on_its_thread_raises_the_builds_error_and_stops_unstarted() -> None:
+    def broken() -> LLMEngine:
+        raise ValueError("no such model")
+
+    with pytest.raises(ValueError, match="no such model"):
+        EngineLoop.built_on_its_thread(broken)
+    loop = EngineLoop.built_on_its_thread(lambda: LLMEngine(model=MODEL))
+    thread = loop._thread
+    loop.stop()  # never started: its waiting thread ends
+    assert not thread.is_alive() and not loop.alive
