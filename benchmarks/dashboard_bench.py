@@ -100,7 +100,7 @@ def close(opened: list[Page]) -> None:
 def switches(page: Page) -> tuple[dict[str, float], list[float]]:
     """Seconds of each sidebar switch from a Live page, and of Play on the Replay page; and
     of the switch back to Live (once the Compare page is drawn in full), until its charts'
-    frame started, had plotly.js and had its websocket open."""
+    frame started, had plotly.js, had its websocket open and was seen drawn."""
     out = {"Live -> Compare": pages.switch_page(page, "Compare", pages.SERVER_CHART)[0]}
     pages.wait_idle(page)
     out["Compare -> Live"], parts = pages.switch_to_live(page)
@@ -249,7 +249,7 @@ def measure_rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             *target("switch_s"),
         ),
         (
-            "… of which until the charts' frame started / had plotly.js / had its websocket (s)",
+            "… on the frame's clock: frame started / had plotly.js / had its websocket / drawn (s)",
             " / ".join(f"{s:.2f}" for s in res["switch_parts"]),
             "–",
             "–",

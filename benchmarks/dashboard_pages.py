@@ -125,9 +125,9 @@ def wait_idle(page: Page) -> None:
     )
 
 
-# when (epoch ms) the charts' frame started, loaded plotly.js and connected its websocket,
-# read from the frame whose first chart is drawn at that moment (Streamlit may mount the
-# component's frame more than once while the page's script runs)
+# when (epoch ms) the charts' frame started, loaded plotly.js, connected its websocket and
+# was seen drawn, read from the frame whose first chart is drawn then (Streamlit may mount
+# the component's frame more than once while the page's script runs)
 DRAWN_STARTED = """() => {
     const frame = document.querySelector('iframe[title="dashboard.live_charts.live_charts"]');
     const doc = frame && frame.contentDocument;
@@ -137,13 +137,14 @@ DRAWN_STARTED = """() => {
     const at = (name) => p.timeOrigin + p.getEntriesByName(name)[0].startTime;
     const marked = (name) => p.getEntriesByName(name).length;
     return marked("plotly loaded") && marked("connected") &&
-        [p.timeOrigin, at("plotly loaded"), at("connected")];
+        [p.timeOrigin, at("plotly loaded"), at("connected"), p.timeOrigin + p.now()];
 }"""
 
 
 def switch_to_live(page: Page) -> tuple[float, list[float]]:
-    """Clicks Live in the sidebar: seconds until the first chart is drawn, and until that
-    chart's frame started, had plotly.js and had its websocket open."""
+    """Clicks Live in the sidebar: seconds until the first chart is drawn; and until that
+    chart's frame started, had plotly.js, had its websocket open and was seen drawn, on the
+    frame's clock (which may run a tenth of a second apart from this process's)."""
     clicked = time.time()
     drawn, started = switch_page(page, "Live", DRAWN_STARTED)
     return drawn, [ms / 1000 - clicked for ms in started]
