@@ -44,7 +44,7 @@ non_negative = _checked(float, lambda v: math.isfinite(v) and v >= 0, "a finite 
 port = _checked(int, lambda v: 1 <= v <= 65535, "a port number from 1 to 65535")
 threads = _checked(
     lambda t: t if t == "auto" else int(t),
-    lambda v: v == "auto" or v >= 1,  # type: ignore[operator]
+    lambda v: v == "auto" or (isinstance(v, int) and v >= 1),
     "'auto' or an integer >= 1",
 )
 

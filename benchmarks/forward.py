@@ -33,13 +33,15 @@ from offline_runners import (
     SERVE_SHAPE,
     Shape,
     build_checkpoint,
+    make_engine,
     make_workload,
     progress,
+    warm_ours,
 )
 from results_md import add_results_arguments, header, publish, results_path
 from targets import Target
 
-from engine import LLMEngine, SamplingParams
+from engine import SamplingParams
 
 SECTION = "forward"
 ARMS = {"f32": "float32", "bf16": "bfloat16", "f32 (A/A)": "float32"}
@@ -72,19 +74,9 @@ class Arm:
 
 def run_arm(path: Path, dtype: str, wl: Any, threads: int) -> Arm:
     """A fresh engine, warmed up, then the workload at once, summed from its telemetry."""
-    engine = LLMEngine(
-        model=str(path),
-        dtype=dtype,
-        threads=threads,
-        max_num_seqs=len(wl.prompts),
-        max_num_batched_tokens=2048,
-        num_kv_blocks=wl.blocks(16) + 64,
-        block_size=16,
-    )
-    warm = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
-    engine.add_request([1, 2, 3, 4, 5, 6, 7, 8], warm)
-    while engine.has_unfinished():
-        engine.step()
+    batch = len(wl.prompts)
+    engine = make_engine(path, wl, "continuous", batch, 2048, dtype=dtype, threads=threads)
+    warm_ours(engine, engine.model_config.vocab_size)
     for prompt, n in zip(wl.prompts, wl.max_tokens, strict=True):
         engine.add_request(prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
     arm = Arm(0, 0.0, [], 0.0)

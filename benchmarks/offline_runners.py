@@ -230,8 +230,14 @@ class StepTotals:
 
 
 def make_engine(
-    path: Path, wl: Workload, batching: str, max_num_seqs: int, max_batched_tokens: int
+    path: Path,
+    wl: Workload,
+    batching: str,
+    max_num_seqs: int,
+    max_batched_tokens: int,
+    **engine_args: Any,
 ) -> LLMEngine:
+    """An engine whose KV cache holds every request of `wl` at once."""
     return LLMEngine(
         model=str(path),
         batching=batching,
@@ -239,6 +245,7 @@ def make_engine(
         max_num_batched_tokens=max(max_batched_tokens, max_num_seqs),
         num_kv_blocks=wl.blocks(16) + 64,
         block_size=16,
+        **engine_args,
     )
 
 

@@ -28,11 +28,19 @@ from pathlib import Path
 from typing import Any
 
 import machine
-from offline_runners import QUICK_SHAPE, SERVE_SHAPE, build_checkpoint, make_workload, progress
+from offline_runners import (
+    QUICK_SHAPE,
+    SERVE_SHAPE,
+    build_checkpoint,
+    make_engine,
+    make_workload,
+    progress,
+    warm_ours,
+)
 from results_md import add_results_arguments, header, publish, results_path
 from targets import Target
 
-from engine import LLMEngine, SamplingParams
+from engine import SamplingParams
 from engine.threads import Threads
 
 SECTION = "threads"
@@ -63,17 +71,8 @@ def busy_core(busy: bool) -> Iterator[None]:
 
 def run_arm(path: Path, wl: Any, threads: Threads) -> float:
     """Output tokens per second of the workload on a fresh engine (warmed up)."""
-    engine = LLMEngine(
-        model=str(path),
-        threads=threads,
-        max_num_seqs=len(wl.prompts),
-        max_num_batched_tokens=2048,
-        num_kv_blocks=wl.blocks(16) + 64,
-        block_size=16,
-    )
-    engine.add_request([1, 2, 3, 4], SamplingParams(max_tokens=4, ignore_eos=True))
-    while engine.has_unfinished():
-        engine.step()
+    engine = make_engine(path, wl, "continuous", len(wl.prompts), 2048, threads=threads)
+    warm_ours(engine, engine.model_config.vocab_size)
     start = time.perf_counter()
     for prompt, n in zip(wl.prompts, wl.max_tokens, strict=True):
         engine.add_request(prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))

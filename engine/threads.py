@@ -71,7 +71,6 @@ class ThreadGovernor:
         self._busy, self._clock, self._own = busy, clock, own
         self.current = threads if isinstance(threads, int) else self.cores
         self._last: Sample | None = None
-        self._applied: int | None = None
 
     def tick(self) -> int | None:
         """Apply the count for now; returns it (None when left to the caller)."""
@@ -79,9 +78,8 @@ class ThreadGovernor:
             return None
         if self.mode == "auto":
             self._adapt()
-        if self._applied != self.current:
+        if torch.get_num_threads() != self.current:
             torch.set_num_threads(self.current)
-            self._applied = self.current
         return self.current
 
     def _adapt(self) -> None:
