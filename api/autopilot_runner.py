@@ -24,7 +24,9 @@ from tuning.live import arrival_window, twin_from_live
 from tuning.tune import Trial, evaluate
 
 ORIGIN = "autopilot"
-NICE = 19  # the twin's thread yields the cores to the engine
+# the twin's thread yields the cores to the engine; at 19 it waited tens of seconds for its
+# first look whenever the engine's threads and another process kept both cores busy
+NICE = 10
 
 
 def _low_priority() -> None:
@@ -117,8 +119,8 @@ class AutopilotRunner:
         cpu0 = time.thread_time()
         try:
             s = self.settings
-            attribution = _attribution(view, s.observe_s)
-            window_s = arrival_window(snapshot.t - started_t)
+            # shorter than a what-if's minute: a new load shows in the twin within seconds
+            window_s = min(s.arrivals_s, arrival_window(snapshot.t - started_t))
 
             def twin_trials(changes: list[dict[str, Any]]) -> list[Trial]:
                 twin, _ = twin_from_live(
@@ -132,7 +134,7 @@ class AutopilotRunner:
                     snapshot.t,
                     snapshot.knobs,
                     view.records,
-                    attribution,
+                    lambda: _attribution(view, s.observe_s),
                     self._unlocked(twin_trials),
                 )
                 if decision is not None and generation != self._generation:

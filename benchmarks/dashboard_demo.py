@@ -72,6 +72,11 @@ class Demo:
         """GET /api/status."""
         return self.http.get(self.url + "/api/status").json()
 
+    def session(self) -> dict[str, Any]:
+        """GET /api/sessions/{id} of the session being recorded: its knobs at start, ..."""
+        session = self.status()["recorder"]["main_session"]
+        return self.http.get(f"{self.url}/api/sessions/{session}").json()
+
     def knobs(self) -> dict[str, Any]:
         """GET /api/knobs: {knobs, version, ...}."""
         return self.http.get(self.url + "/api/knobs").json()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import statistics
 import subprocess
 import sys
@@ -32,18 +33,21 @@ import peer_build
 import peer_report
 import psutil
 from offline_runners import (
+    FINE_SHAPE,
     SERVE_SHAPE,
+    Shape,
     Workload,
     build_checkpoint,
     make_workload,
     quiet_transformers,
 )
 from results_md import add_results_arguments, publish, results_path
+from server_process import healthy
 
 from engine.ep.ranks import free_port
 
 REPO = Path(__file__).resolve().parents[1]
-SHAPE = SERVE_SHAPE
+SHAPES = {"serve": SERVE_SHAPE, "fine": FINE_SHAPE}  # --shape: issue 17's, fine-grained experts
 PROMPT_RANGE, OUTPUT_RANGE = (16, 512), (8, 245)
 DTYPES = {"f32": "float32", "bf16": "bfloat16"}
 SERVED_NAME = "peer"
@@ -52,7 +56,7 @@ RUN_LIMIT_S = 900  # a run this long means the machine is swamped: stop rather t
 # Before each run, wait (at most QUIET_WAIT_S) until other processes use less than QUIET_CORES:
 # llama.cpp's spinning thread barriers slow down many times over on oversubscribed cores.
 QUIET_CORES, QUIET_WAIT_S = 0.2, 600
-ENGINES = ("llama.cpp", "moescope", "moescope A/A")  # the order of each round
+ENGINES = ("llama.cpp", "moescope", "moescope offline", "moescope A/A")  # each round's order
 
 
 def progress(message: str) -> None:
@@ -102,7 +106,7 @@ def _process_cpu(proc: psutil.Process) -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
-def _busy_cpu() -> float:
+def busy_cpu() -> float:
     """CPU seconds the whole machine has spent running anything (steal and guest time, the
     latter already inside user, left out)."""
     t = psutil.cpu_times()
@@ -114,9 +118,9 @@ def wait_quiet(window_s: float = 2.0) -> float:
     is idle meanwhile) or QUIET_WAIT_S passes; returns the seconds waited."""
     started = time.monotonic()
     while True:
-        busy0 = _busy_cpu()
+        busy0 = busy_cpu()
         time.sleep(window_s)
-        cores = (_busy_cpu() - busy0) / window_s
+        cores = (busy_cpu() - busy0) / window_s
         waited = time.monotonic() - started
         if cores < QUIET_CORES or waited > QUIET_WAIT_S:
             if waited > 1.5 * window_s:
@@ -136,29 +140,8 @@ def serving(engine: str, cmd: list[str], health: str, log: Path) -> Iterator[Ser
         argv = [c.replace("{port}", str(port)) for c in cmd]
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
     server = Server(engine, proc, f"http://127.0.0.1:{port}")
-    try:
-        _wait_healthy(server, health, log)
+    with healthy(proc, server.url + health, 180, lambda: f"{engine}: see {log}"):
         yield server
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _wait_healthy(server: Server, health: str, log: Path, timeout_s: float = 180) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"{server.engine} exited ({server.proc.returncode}); see {log}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(server.url + health, timeout=2).status_code == 200:
-                return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{server.engine} not healthy after {timeout_s:.0f} s; see {log}")
-        time.sleep(0.1)
 
 
 def llama(
@@ -243,10 +226,10 @@ def timed_run(server: Server, wl: Workload, setting: str) -> Run:
     asyncio.run(_send_all(server, Workload([[1 + i for i in range(24)]] * 2, [8, 8])))
     me = psutil.Process()
     loop0 = _engine_loop(server)
-    cpu0, busy0, mine0 = server.cpu_s(), _busy_cpu(), _process_cpu(me)
+    cpu0, busy0, mine0 = server.cpu_s(), busy_cpu(), _process_cpu(me)
     wall, counts = asyncio.run(asyncio.wait_for(_send_all(server, wl), RUN_LIMIT_S))
     cpu = server.cpu_s() - cpu0
-    others = _busy_cpu() - busy0 - cpu - (_process_cpu(me) - mine0)
+    others = busy_cpu() - busy0 - cpu - (_process_cpu(me) - mine0)
     wrong = [i for i, (c, n) in enumerate(zip(counts, wl.max_tokens, strict=True)) if c != n]
     if wrong:
         raise RuntimeError(f"{server.engine}: {len(wrong)} requests with a wrong token count")
@@ -324,9 +307,10 @@ def agreement(ctx: Context, precision: str, wl: Workload) -> list[dict[str, Any]
 
 @dataclass
 class Context:
-    """What every run needs: llama.cpp's source and binaries, the checkpoint and its GGUFs,
-    the KV sizes and the servers' threads."""
+    """What every run needs: llama.cpp's source and binaries, the checkpoint (of `shape`) and
+    its GGUFs, the KV sizes, the servers' threads and the workload's size and seed."""
 
+    shape: Shape
     source: peer_build.Source
     bins: Path
     model: Path
@@ -334,6 +318,15 @@ class Context:
     slot_ctx: int
     kv_blocks: int
     threads: int
+    requests: int
+    seed: int
+
+
+def checkpoint_name(shape: Shape, seed: int) -> str:
+    experts = (
+        f"-e{shape.experts}k{shape.top_k}i{shape.intermediate}" if shape != SERVE_SHAPE else ""
+    )
+    return f"mixtral-v{shape.vocab}-h{shape.hidden}{experts}-seed{seed}"
 
 
 def llama_run(ctx: Context, precision: str, setting: LlamaSetting, wl: Workload) -> Run:
@@ -345,6 +338,27 @@ def moescope_run(ctx: Context, precision: str, wl: Workload) -> Run:
     args = moescope_args(DTYPES[precision], ctx.kv_blocks, ctx.threads)
     with moescope(ctx.model, args) as server:
         return timed_run(server, wl, " ".join(args))
+
+
+def offline_run(ctx: Context, precision: str) -> Run:
+    """The workload through the engine `moescope serve` runs, with its flags, in process
+    (`peer_offline.py`, a fresh process like each server's)."""
+    wait_quiet()
+    cmd = [sys.executable, str(REPO / "benchmarks" / "peer_offline.py"), str(ctx.model)]
+    cmd += [*("--dtype", DTYPES[precision], "--threads", str(ctx.threads))]
+    cmd += [*("--kv-blocks", str(ctx.kv_blocks), "--requests", str(ctx.requests))]
+    cmd += ["--seed", str(ctx.seed)]
+    out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    run = Run(
+        "moescope offline",
+        "LLMEngine",
+        out["wall_s"],
+        out["tokens"],
+        out["cpu_s"],
+        out["others_cpu_s"],
+    )
+    run.extra.update(steps=out["steps"], busy_s=out["busy_s"])
+    return run
 
 
 def sweep(
@@ -385,6 +399,8 @@ def rounds(ctx: Context, precision: str, setting: LlamaSetting, wl: Workload, n:
         for engine in ENGINES:
             if engine == "llama.cpp":
                 run = llama_run(ctx, precision, setting, wl)
+            elif engine == "moescope offline":
+                run = offline_run(ctx, precision)
             else:
                 run = moescope_run(ctx, precision, wl)
                 run.engine = engine
@@ -398,11 +414,13 @@ def rounds(ctx: Context, precision: str, setting: LlamaSetting, wl: Workload, n:
 
 
 def summarize(runs: list[Run]) -> dict[str, float]:
-    """Median tok/s per engine, the ratio moescope / llama.cpp and the A/A ratio."""
+    """Median tok/s per engine, the ratios moescope serve / llama.cpp and serve / offline,
+    and the A/A ratio."""
     med = {e: statistics.median(r.tok_s for r in runs if r.engine == e) for e in ENGINES}
     return {
         **med,
         "ratio": med["moescope"] / med["llama.cpp"],
+        "offline_ratio": med["moescope"] / med["moescope offline"],
         "aa": med["moescope A/A"] / med["moescope"],
     }
 
@@ -413,6 +431,7 @@ def summarize(runs: list[Run]) -> dict[str, float]:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--precision", choices=["f32", "bf16", "both"], default="both")
+    p.add_argument("--shape", choices=list(SHAPES), default="serve", help="the model's MoE shape")
     p.add_argument("--repeats", type=int, default=3, help="alternating rounds per precision")
     p.add_argument("--requests", type=int, default=128)
     p.add_argument("--threads", type=int, default=2, help="threads of each server")
@@ -429,15 +448,19 @@ def prepare(args: argparse.Namespace, precisions: list[str], wl: Workload) -> Co
     """Build llama.cpp, the checkpoint and its GGUFs (each only if not cached)."""
     src = peer_build.fetch_source()
     bins = peer_build.build(src)
-    model = peer_build.CACHE / "models" / f"mixtral-v{SHAPE.vocab}-h{SHAPE.hidden}-seed{args.seed}"
+    shape = SHAPES[args.shape]
+    model = peer_build.CACHE / "models" / checkpoint_name(shape, args.seed)
     if not (model / "config.json").exists():
         progress(f"building checkpoint at {model}")
         with quiet_transformers():
-            build_checkpoint(model, SHAPE, args.seed)
-    gguf = {p: peer_build.convert(src, model, SHAPE.vocab, p) for p in precisions}
+            build_checkpoint(model, shape, args.seed)
+    gguf = {p: peer_build.convert(src, model, shape.vocab, p) for p in precisions}
     longest = max(len(p) + n for p, n in zip(wl.prompts, wl.max_tokens, strict=True))
     slot_ctx = -(-longest // 256) * 256
-    return Context(src, bins, model, gguf, slot_ctx, wl.blocks(16) + 128, args.threads)
+    kv_blocks = wl.blocks(16) + 128
+    return Context(
+        shape, src, bins, model, gguf, slot_ctx, kv_blocks, args.threads, len(wl), args.seed
+    )
 
 
 def measure(ctx: Context, precision: str, wl: Workload, args: argparse.Namespace) -> dict:
@@ -463,7 +486,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     precisions = ["f32", "bf16"] if args.precision == "both" else [args.precision]
-    wl = make_workload(args.requests, args.seed, SHAPE.vocab, PROMPT_RANGE, OUTPUT_RANGE)
+    wl = make_workload(
+        args.requests, args.seed, SHAPES[args.shape].vocab, PROMPT_RANGE, OUTPUT_RANGE
+    )
     started = time.perf_counter()
     ctx = prepare(args, precisions, wl)
     args.prepare_s = time.perf_counter() - started
@@ -472,7 +497,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for precision in precisions:
         out[precision] = res = measure(ctx, precision, wl, args)
         text = peer_report.render(args, argv, ctx, wl, precision, res)
-        publish(peer_report.section(precision), text, results_path(args))
+        publish(peer_report.section(precision, args.shape), text, results_path(args))
     return out
 
 

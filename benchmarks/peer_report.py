@@ -16,15 +16,14 @@ if TYPE_CHECKING:
     from offline_runners import Workload
     from peer_llamacpp import Context, Run
 
-TARGETS = {
-    p: Target(f"moescope serve / llama-server best, median output tok/s ({p})", 1.15)
-    for p in ("f32", "bf16")
-}
+# issue 17: 1.15x llama.cpp on its model; on fine-grained experts, stay ahead
+PEER_TARGET = {"serve": 1.15, "fine": 1.0}
+OFFLINE = Target("moescope serve / moescope offline, median output tok/s", 0.95)
 
 
-def section(precision: str) -> str:
-    """The RESULTS.md section of one precision (each has its own run and command)."""
-    return f"peer_llamacpp_{precision}"
+def section(precision: str, shape: str) -> str:
+    """The RESULTS.md section of one precision and shape (each has its own run and command)."""
+    return f"peer_llamacpp_{precision}" + ("" if shape == "serve" else f"_{shape}")
 
 
 def render(
@@ -36,8 +35,16 @@ def render(
     res: dict[str, Any],
 ) -> str:
     command = ["python", "benchmarks/peer_llamacpp.py", *argv]
-    title = f"moescope serve vs llama.cpp llama-server, {precision} (`benchmarks/peer_llamacpp.py`)"
-    ratio = res["summary"]["ratio"]
+    experts = "" if args.shape == "serve" else ", fine-grained experts"
+    title = (
+        f"moescope serve vs llama.cpp llama-server, {precision}{experts} "
+        "(`benchmarks/peer_llamacpp.py`)"
+    )
+    peer = Target(
+        f"moescope serve / llama-server best, median output tok/s ({precision}{experts})",
+        PEER_TARGET[args.shape],
+    )
+    ratio, offline = res["summary"]["ratio"], res["summary"]["offline_ratio"]
     return "\n".join(
         [
             header(title, command, res["runtime_s"], machine.measure()),
@@ -49,7 +56,8 @@ def render(
             "",
             "Targets:",
             "",
-            TARGETS[precision].line(ratio, f"{ratio:.3f}"),
+            peer.line(ratio, f"{ratio:.3f}"),
+            OFFLINE.line(offline, f"{offline:.3f}"),
         ]
     )
 
@@ -57,7 +65,7 @@ def render(
 def setup(args: argparse.Namespace, ctx: Context, wl: Workload) -> list[str]:
     """The bullets after the header: both engines, how they were built and run, the model,
     the workload and the method."""
-    from peer_llamacpp import QUIET_CORES, QUIET_WAIT_S, SHAPE, moescope_args
+    from peer_llamacpp import QUIET_CORES, QUIET_WAIT_S, moescope_args
 
     src = ctx.source
     dtype = "float32|bfloat16"
@@ -76,7 +84,7 @@ def setup(args: argparse.Namespace, ctx: Context, wl: Workload) -> list[str]:
         f"{shlex.join(moescope_args(dtype, ctx.kv_blocks, ctx.threads))}` (the KV blocks hold "
         "every request at once; metrics and recording off, as llama-server's metrics are "
         "by default)",
-        f"- Model: {SHAPE.describe()}, seed {args.seed}; served at the section's precision",
+        f"- Model: {ctx.shape.describe()}, seed {args.seed}; served at the section's precision",
         f"- Workload: {len(wl)} requests arriving at once, seed {args.seed}, prompt lengths "
         f"log-uniform 16..512 ({wl.num_prompt_tokens} tokens), output lengths log-uniform "
         f"8..245 ({wl.num_output_tokens} tokens), token-id prompts, greedy, EOS ignored "
@@ -87,7 +95,11 @@ def setup(args: argparse.Namespace, ctx: Context, wl: Workload) -> list[str]:
         "from the first send to the last reply. Each run is a fresh server subprocess, "
         "waited on until its health endpoint answers, warmed up with two short requests, then "
         "stopped. Server CPU s is the server process's user + system time over the run. "
-        "Rounds alternate llama.cpp, moescope, moescope again (A/A control). The cores are "
+        "Rounds alternate llama.cpp, moescope, moescope offline, moescope again (A/A "
+        "control). moescope offline is the engine `moescope serve` runs, with its flags, "
+        "driven in process in a fresh process (`benchmarks/peer_offline.py`: every request "
+        "added at once, stepped until done, after the same warm-up); its CPU s is that "
+        "process's over the run. The cores are "
         "shared with other workers, so each server starts only once other processes have used "
         f"under {QUIET_CORES} cores for 2 s (or after {QUIET_WAIT_S / 60:.0f} min of waiting); "
         "others' CPU s is the CPU time every other process took during the run (the "
@@ -168,9 +180,11 @@ def run_lines(runs: list[Run], summary: dict[str, float]) -> list[str]:
         *lines,
         "",
         f"Medians: llama.cpp {summary['llama.cpp']:.1f}, moescope {summary['moescope']:.1f}, "
-        f"moescope A/A {summary['moescope A/A']:.1f} out tok/s. Ratio moescope / llama.cpp "
-        f"(median to median): **{summary['ratio']:.3f}**; A/A (second moescope run / first, "
-        f"medians): {summary['aa']:.3f}. Spread across rounds (fastest / slowest run): "
+        f"moescope offline {summary['moescope offline']:.1f}, moescope A/A "
+        f"{summary['moescope A/A']:.1f} out tok/s. Ratio moescope / llama.cpp (median to "
+        f"median): **{summary['ratio']:.3f}**; moescope serve / offline: "
+        f"**{summary['offline_ratio']:.3f}**; A/A (second moescope run / first, medians): "
+        f"{summary['aa']:.3f}. Spread across rounds (fastest / slowest run): "
         f"{spread}.",
     ]
 

@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 import machine
 from results_md import add_results_arguments, header, percentiles_cell, publish, results_path
+from server_process import healthy
 from targets import Target
 from websockets.sync.client import connect
 
@@ -65,25 +66,8 @@ def server(
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited: {proc.stderr.read() if proc.stderr else ''}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/api/status", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("server did not start")
-            time.sleep(0.2)
+    with healthy(proc, url + "/api/status", 120, lambda: proc.stderr.read() if proc.stderr else ""):
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @dataclass

@@ -13,7 +13,7 @@ from dashboard.poller import Poller
 WINDOW_S = 60.0
 BUCKET_S = 5.0
 RECENT = 50  # requests in the waterfall
-POLL_S = 3.0  # the server attributes the whole window per call: far rarer than the charts
+POLL_S = 10.0  # the server attributes the whole minute per call, and Streamlit redraws it all
 IDLE_S = 30.0  # unread this long (tab closed, another page), the poller stops
 SESSION_BUCKETS = 40  # bars over a recorded session, whatever its length
 

@@ -1,10 +1,16 @@
-"""Smoke tests: the forward and thread-count benchmarks run end to end in their quick modes."""
+"""Smoke tests: the forward, thread-count and decode-step benchmarks run end to end in their
+quick modes, and the peer benchmark's offline arm on a tiny checkpoint."""
 
+from dataclasses import replace
 from pathlib import Path
 
+import decode_steps
 import forward  # benchmarks/ is on pytest's pythonpath
+import peer_offline
 import pytest
 import threads
+from offline_runners import QUICK_SHAPE, build_checkpoint, make_workload
+from peer_llamacpp import OUTPUT_RANGE, PROMPT_RANGE
 from results_md import markers
 
 
@@ -39,3 +45,33 @@ def test_threads_quick(tmp_path: Path) -> None:
     assert all(len(v) == 1 and v[0] > 0 for v in out["runs"].values())
     assert set(out["targets"]) == set(threads.TARGETS)
     assert "| busy | auto |" in _published(results, threads.SECTION)
+
+
+def test_peer_offline_arm_runs_the_whole_workload(tmp_path: Path) -> None:
+    shape = replace(QUICK_SHAPE, max_positions=1024)  # room for the peer workload's requests
+    model = build_checkpoint(tmp_path / "model", shape, 0)
+    out = peer_offline.main([str(model), "--requests", "3", "--threads", "1"])
+    wl = make_workload(3, 0, shape.vocab, PROMPT_RANGE, OUTPUT_RANGE)
+    assert out["tokens"] == sum(wl.max_tokens)
+    assert out["steps"] > 0 and 0 < out["busy_s"] <= out["wall_s"]
+
+
+@pytest.mark.slow
+def test_decode_steps_quick(tmp_path: Path) -> None:
+    results = tmp_path / "RESULTS.md"
+    out = decode_steps.main(["--quick", "--results", str(results)])
+    assert set(out["ours"]) == set(decode_steps.PRECISIONS)
+    assert all(set(ms) == {1, 4} and min(ms.values()) > 0 for ms in out["ours"].values())
+    run = out["workload"]
+    assert sum(n == 6 for _, n, _ in run["steps"]) >= 1  # all six requests ran together
+    assert "| 1-4 |" in _published(results, decode_steps.SECTION)
+
+
+def test_batched_bench_rows_parse() -> None:
+    text = """
+|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |
+|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|
+|   128 |     64 |    1 |    192 |    0.051 |  2509.80 |    0.384 |   166.67 |    0.435 |   441.38 |
+|   128 |     64 |   32 |   6144 |    1.612 |  2540.94 |    1.472 |  1391.30 |    3.084 |  1992.22 |
+"""
+    assert decode_steps.parse_batched_bench(text, 64) == pytest.approx({1: 6.0, 32: 23.0})

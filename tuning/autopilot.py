@@ -25,10 +25,12 @@ ROLLBACK_MARGIN = 0.05  # attainment this much worse after a change than before:
 BAN_S = 120.0  # a rolled-back move is not tried again for this long
 MAX_BACKOFF = 8  # the gap between changes grows up to this many times after rollbacks
 JUDGE_WITHIN = 3  # observe_s periods to wait for enough requests to judge a change
+MAX_LOOK_BACKOFF = 4  # fruitless looks at the same misses space the next out up to this many times
 
 State = Literal["off", "waiting", "holding", "adjusting", "rolled back", "paused"]
 Action = Literal["change", "rollback", "hold"]
 Evaluate = Callable[[list[dict[str, Any]]], list[Trial]]
+Attribution = Callable[[], dict[str, Any] | None]
 
 
 @dataclass
@@ -75,6 +77,7 @@ class Pending:
     decision: Decision
     before: Measured
     move: tuple[str, int] | None
+    unchanged: float | None  # the attainment the twin predicted had the knobs stayed
 
 
 class Autopilot:
@@ -90,6 +93,8 @@ class Autopilot:
         self.pending: Pending | None = None
         self.last_change_t = float("-inf")
         self.last_look_t = float("-inf")
+        self.fruitless_looks = 0  # looks in a row that found nothing, at the same misses
+        self.looked_at: set[str] = set()  # the targets missed at the last look
         self.paused_until = float("-inf")
         self.backoff = 1.0
         self.banned: dict[tuple[str, int], float] = {}
@@ -118,12 +123,13 @@ class Autopilot:
         t: float,
         knobs: Knobs,
         recent: list[dict[str, Any]],
-        attribution: dict[str, Any] | None,
+        attribution: Attribution,
         evaluate: Evaluate,
     ) -> Decision | None:
         """What to do now; `recent` are the RequestRecords that ended lately (at least since
-        the pending change), `attribution` the `summarize` of them (or None). A change or a
-        rollback is for the caller to apply; None means hold."""
+        the pending change), `attribution` gives the `summarize` of them (or None), asked only
+        when the twin is. A change or a rollback is for the caller to apply; None means
+        hold."""
         s = self.settings
         if not s.enabled:
             return None
@@ -146,12 +152,25 @@ class Autopilot:
             self.state, self.note = "holding", f"fewer than {MIN_REQUESTS} requests ended lately"
             return None
         violated = self._violated(now)
-        if t - self.last_look_t < (s.look_s if violated else s.explore_s):
+        if set(violated) != self.looked_at:
+            self.fruitless_looks = 0
+        if t - self.last_look_t < self._look_gap(bool(violated)):
             self.state = "holding"
             self.note = "; ".join(violated.values()) or "targets met"
             return None
-        self.last_look_t = t
-        return self._choose(t, knobs, now, violated, attribution, evaluate)
+        self.last_look_t, self.looked_at = t, set(violated)
+        decision = self._choose(t, knobs, now, violated, attribution(), evaluate)
+        self.fruitless_looks = 0 if decision is not None else self.fruitless_looks + 1
+        return decision
+
+    def _look_gap(self, violated: bool) -> float:
+        """Seconds between looks: explore_s while every target is met; look_s while one is
+        missed, doubled after each look that found nothing to do about the same misses (the
+        twin is most of the CPU the autopilot costs), up to MAX_LOOK_BACKOFF times."""
+        s = self.settings
+        if not violated:
+            return s.explore_s
+        return s.look_s * min(MAX_LOOK_BACKOFF, 2**self.fruitless_looks)
 
     def _violated(self, m: Measured) -> dict[str, str]:
         """The targets missed, by metric ("ttft", "tpot"), in words."""
@@ -203,11 +222,14 @@ class Autopilot:
         changes = {k: [old[k], v] for k, v in best.changes.items()}
         reason = change_reason(violated, attribution, changes, current, best)
         decision = Decision(t, "change", reason, changes, predicted=prediction(best))
-        self.pending = Pending(t, decision, now, move)
+        self.pending = Pending(t, decision, now, move, current.slo_attainment)
         return decision
 
     def _judge(self, t: float, recent: list[dict[str, Any]]) -> Decision | None:
-        """Roll the pending change back if attainment fell since it, else accept it."""
+        """Roll the pending change back if attainment fell since it, below what was measured
+        before it and below what the twin predicted for the knobs unchanged (under a rising
+        load attainment falls whatever the knobs; that fall is not the change's doing), else
+        accept it."""
         pending = self.pending
         assert pending is not None
         # requests that arrived after the change ran wholly under it
@@ -219,7 +241,8 @@ class Autopilot:
         self.pending = None
         if before is None or after.attainment is None or after.requests < MIN_REQUESTS:
             return None
-        if after.attainment >= before - ROLLBACK_MARGIN:
+        baseline = before if pending.unchanged is None else min(before, pending.unchanged)
+        if after.attainment >= baseline - ROLLBACK_MARGIN:
             self.backoff = max(1.0, self.backoff / 2)
             return None
         if pending.move is not None:

@@ -53,6 +53,9 @@ class AutopilotSettings(BaseModel):
         60.0, ge=0, le=86400, description="a person's change pauses it this long"
     )
     horizon_s: float = Field(10.0, gt=0, le=600, description="what the twin simulates ahead")
+    arrivals_s: float = Field(
+        20.0, gt=0, le=3600, description="the recent arrivals the twin repeats over the horizon"
+    )
     look_s: float = Field(5.0, gt=0, le=3600, description="ask the twin at most this often")
     explore_s: float = Field(30.0, gt=0, le=3600, description="look for gains this often when met")
 

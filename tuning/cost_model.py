@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from scipy.optimize import nnls
 
 from engine.errors import InvalidInput
 from engine.knobs import Knobs
@@ -118,13 +119,8 @@ def _step_weights(x: np.ndarray, step_ms: np.ndarray, moe_ms: np.ndarray) -> np.
 
 
 def _fit(x: np.ndarray, y: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
-    """Non-negative weights over the `names` columns of `x` (zero elsewhere)."""
-    # imported here: scikit-learn takes a second or more to import, which every `moescope`
-    # command (they all import the server, which imports the twin) would otherwise pay
-    from sklearn.linear_model import LinearRegression
-
+    """Non-negative least squares over the `names` columns of `x` (zero weight elsewhere)."""
     cols = [FEATURES.index(n) for n in names]
-    model = LinearRegression(positive=True, fit_intercept=False).fit(x[:, cols], y)
     w = np.zeros(len(FEATURES))
-    w[cols] = model.coef_
+    w[cols] = nnls(x[:, cols], y)[0]
     return w

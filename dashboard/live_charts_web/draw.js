@@ -35,22 +35,20 @@ export class Charts {
     }
   }
 
-  /** Marks every panel as out of date (new data arrived); with `rush`, due at once, however
-   * recently drawn. */
-  invalidate(rush = false) {
-    for (const name of Object.keys(PANELS)) {
-      this.stale.add(name);
-      if (rush) this.drawnAt[name] = -Infinity;
-    }
+  /** Marks every panel as out of date (a new view was made). */
+  invalidate() {
+    for (const name of Object.keys(PANELS)) this.stale.add(name);
   }
 
-  /** Redraws from `view` the out-of-date panel on screen that was drawn longest ago, if it
-   * was drawn before `before`; whether one was drawn. A panel's div counts its draws and
-   * keeps the last one's milliseconds (the tests and the benchmark read them). */
-  drawNext(view, before) {
+  /** Redraws from `view` the out-of-date panel on screen that was drawn longest ago; whether
+   * one was drawn. The caller paces the views, so each is drawn once per view: a time gate
+   * per panel as well kept a panel drawn early in one view out of the next, and the slowest
+   * panel fell to 4.5 redraws a second. A panel's div counts its draws and keeps the last
+   * one's milliseconds (the tests and the benchmark read them). */
+  drawNext(view) {
     let next = null;
     for (const name of this.visible) {
-      if (this.stale.has(name) && this.drawnAt[name] < before) {
+      if (this.stale.has(name)) {
         if (next === null || this.drawnAt[name] < this.drawnAt[next]) next = name;
       }
     }

@@ -10,7 +10,7 @@ import { followHeight, onRender } from "./protocol.js";
 import { showStatus } from "./status.js";
 import { StepWindow } from "./window.js";
 
-const TICK_MS = 150; // a panel is redrawn at most this often: over 5 Hz, with time to spare
+const TICK_MS = 150; // a new view, and each panel redrawn, at most this often: over 5 Hz
 const IDLE_MS = 16; // how soon to look again when no panel was due
 const $ = (id) => document.getElementById(id);
 
@@ -63,20 +63,20 @@ class Session {
   }
 
   /** A new view when something arrived and the last is TICK_MS old (at once for a knob
-   * change, whose marker every panel then draws without waiting its turn); then the panel on
-   * screen most overdue redrawn, one a task: a click on the page waits for one panel at most,
-   * never for a whole redraw. Nothing is drawn in a hidden tab. */
+   * change, so that every panel draws its marker without waiting); then the panel on screen
+   * most overdue redrawn, one a task: a click on the page waits for one panel at most, never
+   * for a whole redraw. Nothing is drawn in a hidden tab. */
   loop() {
     const now = performance.now();
     const marked = this.feed.marked;
     if ((marked || now - this.viewAt >= TICK_MS) && this.feed.take()) {
       this.view = this.feed.window.view(this.shown);
       this.viewAt = now;
-      this.charts.invalidate(marked);
+      this.charts.invalidate();
       this.status();
     }
     const drew =
-      !document.hidden && window.Plotly && this.charts.drawNext(this.view, now - TICK_MS);
+      !document.hidden && window.Plotly && this.charts.drawNext(this.view);
     this.timer = setTimeout(() => this.loop(), drew ? 0 : IDLE_MS);
   }
 

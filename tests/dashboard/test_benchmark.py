@@ -34,6 +34,9 @@ def test_dashboard_benchmark_quick(tmp_path: Path) -> None:
     overhead = res["overhead"]
     assert all(ms > 0 for ms in overhead["mean_ms"].values()), overhead
     assert overhead["round_median"]["none"] == overhead["cpu_ratio"]["none"] == 1.0
+    adjusted = overhead["adjusted"]
+    assert all(r > 0 for rs in adjusted["blocks"].values() for r in rs), adjusted
+    assert overhead["adjusted_ratio"]["none"] == 1.0 and adjusted["steps"] >= 40
     assert set(res["targets"]) == set(bench.TARGETS)
     for key, check in res["targets"].items():
         assert check["met"] == bench.TARGETS[key].met(check["value"])

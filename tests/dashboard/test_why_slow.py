@@ -102,3 +102,23 @@ def test_an_empty_report_still_builds() -> None:
     ):
         assert fig.layout.title.text and not fig.data
     assert why_slow.origin(empty) == T
+
+
+def test_a_decodes_steps_and_the_overhead_between_them_are_one_bar() -> None:
+    phases = [
+        {"t0": 0.0, "t1": 0.1, "phase": "waiting", "cause": "queue_slots"},
+        {"t0": 0.1, "t1": 0.2, "phase": "waiting", "cause": "overhead"},
+        {"t0": 0.2, "t1": 0.5, "phase": "prefill", "cause": None},
+        *(
+            {"t0": 0.5 + i / 10, "t1": 0.6 + i / 10, "phase": "decode", "cause": c}
+            for i, c in enumerate([None, "overhead", None, "overhead", None])
+        ),
+        {"t0": 1.2, "t1": 1.3, "phase": "decode", "cause": None},  # after a gap: its own bar
+    ]
+    assert why_slow.runs(phases) == [
+        (("waiting", "queue_slots"), 0.0, 0.1),
+        (("waiting", "overhead"), 0.1, 0.2),
+        (("prefill", None), 0.2, 0.5),
+        (("decode", None), 0.5, pytest.approx(1.0)),
+        (("decode", None), 1.2, 1.3),
+    ]

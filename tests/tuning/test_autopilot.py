@@ -40,7 +40,11 @@ class Load:
 
     def tick(self, pilot: Autopilot) -> Decision | None:
         return pilot.tick(
-            self.end, self.knobs, self.records, self.attribution, self.evaluate(pilot.settings)
+            self.end,
+            self.knobs,
+            self.records,
+            lambda: self.attribution,
+            self.evaluate(pilot.settings),
         )
 
 
@@ -88,6 +92,10 @@ def test_met_targets_hold() -> None:
     assert measured["requests"] == 10 and measured["attainment"] == 1.0
 
 
+def no_attribution() -> None:
+    return None
+
+
 def fixed(attainment: float, better: float) -> Any:
     """An evaluate that predicts `attainment` for the current knobs and `better` for the rest."""
 
@@ -113,24 +121,65 @@ def test_a_change_that_makes_attainment_worse_is_rolled_back_and_backed_off() ->
     pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50, min_gap_s=4.0))
     knobs = Knobs(max_num_seqs=8)
     before = [record(95 + 0.4 * i, 600.0 if i % 2 else 100.0) for i in range(10)]
-    decision = pilot.tick(100.0, knobs, before, None, fixed(0.5, 0.9))
+    decision = pilot.tick(100.0, knobs, before, no_attribution, fixed(0.5, 0.9))
     assert decision is not None and decision.action == "change"
     pilot.applied(decision, version=7)
     assert pilot.state == "adjusting"
     worse = before + [record(101 + 0.3 * i, 900.0) for i in range(10)]
-    assert pilot.tick(103.0, knobs, worse, None, fixed(0.5, 0.9)) is None  # still observing
+    assert (
+        pilot.tick(103.0, knobs, worse, no_attribution, fixed(0.5, 0.9)) is None
+    )  # still observing
     moved = Knobs.model_validate({**knobs.model_dump(), **decision.knob_values()})
-    undo = pilot.tick(106.0, moved, worse, None, fixed(0.5, 0.9))
+    undo = pilot.tick(106.0, moved, worse, no_attribution, fixed(0.5, 0.9))
     assert undo is not None and undo.action == "rollback"
     assert undo.changes == {k: [b, a] for k, (a, b) in decision.changes.items()}
     assert undo.reason.startswith("rolled back: SLO attainment 0% after the change, 50% before")
     assert pilot.state == "rolled back"
     pilot.applied(undo, version=8)
     # backed off: no change for twice the gap, and the same move is not tried again
-    assert pilot.tick(110.0, knobs, worse, None, fixed(0.5, 0.9)) is None
+    assert pilot.tick(110.0, knobs, worse, no_attribution, fixed(0.5, 0.9)) is None
     fresh = worse + [record(110 + 0.4 * i, 900.0) for i in range(10)]
-    later = pilot.tick(115.0, knobs, fresh, None, fixed(0.5, 0.9))
+    later = pilot.tick(115.0, knobs, fresh, no_attribution, fixed(0.5, 0.9))
     assert later is not None and later.changes != decision.changes
+
+
+def test_a_fall_the_twin_foresaw_without_the_change_is_not_rolled_back() -> None:
+    """The twin predicted 10% attainment had the knobs stayed (a queue was building) and 90%
+    with the change; 30% after it is worse than the 50% before, but not the change's doing."""
+    pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50, min_gap_s=4.0))
+    knobs = Knobs(max_num_seqs=8)
+    before = [record(95 + 0.4 * i, 600.0 if i % 2 else 100.0) for i in range(10)]
+    decision = pilot.tick(100.0, knobs, before, no_attribution, fixed(0.1, 0.9))
+    assert decision is not None
+    pilot.applied(decision, version=7)
+    after = before + [record(101 + 0.3 * i, 900.0 if i % 10 > 2 else 100.0) for i in range(10)]
+    moved = Knobs.model_validate({**knobs.model_dump(), **decision.knob_values()})
+    judged = pilot.tick(106.0, moved, after, no_attribution, fixed(0.1, 0.9))
+    assert judged is None or judged.action == "change"  # kept, and free to go on
+    assert pilot.state != "rolled back" and pilot.backoff == 1.0
+
+
+def test_looks_that_find_nothing_space_out_until_the_misses_change() -> None:
+    pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50, look_s=5.0, min_gap_s=0.0))
+    knobs = Knobs(max_num_seqs=8)
+    looks: list[float] = []
+
+    def ended(t: float, extra_ms: float = 0.0) -> list[dict[str, Any]]:
+        """Ten requests that ended in the last 4 s, TTFT 900 ms, TPOT raised by `extra_ms`/10."""
+        out = [record(t - 5 + 0.4 * i, 900.0) for i in range(10)]
+        return [{**r, "e2e_ms": r["e2e_ms"] + extra_ms} for r in out]
+
+    def nothing_better(changes: list[dict[str, Any]]) -> list[Trial]:
+        looks.append(t)
+        return fixed(0.5, 0.5)(changes)
+
+    for t in range(100, 160):
+        assert pilot.tick(float(t), knobs, ended(t), no_attribution, nothing_better) is None
+    assert looks == [100, 110, 130, 150]  # gaps 2x, then 4x look_s: no more
+    # TPOT is missed too from now: a new miss is looked at at once, at the first gap again
+    for t in range(160, 171):
+        pilot.tick(float(t), knobs, ended(t, 1000.0), no_attribution, nothing_better)
+    assert looks[4:] == [160, 170]
 
 
 def test_a_persons_change_pauses_it_and_it_resumes_after() -> None:
@@ -139,9 +188,9 @@ def test_a_persons_change_pauses_it_and_it_resumes_after() -> None:
     recent = [record(95 + 0.4 * i, 900.0) for i in range(10)]
     pilot.person_changed(95.0, "dashboard")
     assert pilot.state == "paused" and "dashboard" in pilot.note
-    assert pilot.tick(100.0, knobs, recent, None, fixed(0.0, 0.9)) is None
+    assert pilot.tick(100.0, knobs, recent, no_attribution, fixed(0.0, 0.9)) is None
     assert pilot.status()["paused_until"] == 125.0
-    decision = pilot.tick(126.0, knobs, [record(120, 900.0)] * 10, None, fixed(0.0, 0.9))
+    decision = pilot.tick(126.0, knobs, [record(120, 900.0)] * 10, no_attribution, fixed(0.0, 0.9))
     assert decision is not None and decision.action == "change"
 
 
@@ -149,12 +198,12 @@ def test_a_refused_change_is_recorded_and_it_keeps_going() -> None:
     pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50, min_gap_s=0.0, look_s=1.0))
     knobs = Knobs(max_num_seqs=8)
     recent = [record(95 + 0.4 * i, 900.0) for i in range(10)]
-    decision = pilot.tick(100.0, knobs, recent, None, fixed(0.0, 0.9))
+    decision = pilot.tick(100.0, knobs, recent, no_attribution, fixed(0.0, 0.9))
     assert decision is not None
     pilot.refused(decision, "kv_capacity_blocks below a live request's need")
     assert pilot.status()["last_decision"]["refused"].startswith("kv_capacity_blocks")
     assert pilot.state == "holding" and pilot.pending is None
-    assert pilot.tick(101.0, knobs, recent, None, fixed(0.0, 0.9)) is not None
+    assert pilot.tick(101.0, knobs, recent, no_attribution, fixed(0.0, 0.9)) is not None
 
 
 def test_too_few_steps_for_the_twin_waits_and_says_so() -> None:
@@ -164,7 +213,7 @@ def test_too_few_steps_for_the_twin_waits_and_says_so() -> None:
     def unfit(changes: list[dict[str, Any]]) -> list[Trial]:
         raise InvalidInput("the live engine has seen too few steps: 12 of 40", "source")
 
-    assert pilot.tick(100.0, Knobs(), recent, None, unfit) is None
+    assert pilot.tick(100.0, Knobs(), recent, no_attribution, unfit) is None
     assert pilot.state == "waiting" and "too few steps" in pilot.note
 
 
@@ -172,7 +221,7 @@ def test_a_disabled_autopilot_does_nothing() -> None:
     pilot = Autopilot(AutopilotSettings())
     assert pilot.state == "off"
     recent = [record(95 + 0.4 * i, 900.0) for i in range(10)]
-    assert pilot.tick(100.0, Knobs(), recent, None, fixed(0.0, 1.0)) is None
+    assert pilot.tick(100.0, Knobs(), recent, no_attribution, fixed(0.0, 1.0)) is None
 
 
 @pytest.mark.parametrize(
