@@ -73,14 +73,16 @@ def port_problem(ports: dict[str, int]) -> str | None:
     return None
 
 
-def wait_ready(url: str, server: subprocess.Popen, timeout_s: float = 180.0) -> str | None:
-    """None once the server answers; else why it did not come up."""
+def wait_ready(
+    url: str, server: subprocess.Popen, timeout_s: float = 180.0, path: str = "/api/status"
+) -> str | None:
+    """None once the server answers 200 on `path`; else why it did not come up."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.poll() is not None:
             return f"the server exited ({_exit_status(server.returncode)}) before it came up"
         try:
-            if httpx.get(url + "/api/status", timeout=2).status_code == 200:
+            if httpx.get(url + path, timeout=2).status_code == 200:
                 return None
         except httpx.HTTPError:
             pass

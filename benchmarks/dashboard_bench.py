@@ -195,7 +195,8 @@ def composition_adjusted(demo: Demo, spans: dict[str, list[tuple[float, float]]]
     """Per mode, each block's recorded step time over the cost model's prediction for the
     same steps (the model fitted on the whole session's steps), and the model's held-out
     error."""
-    steps, initial = recorded_steps(demo), demo.session()["knobs"]
+    until = max(t1 for blocks in spans.values() for _, t1 in blocks)
+    steps, initial = recorded_steps(demo, until), demo.session()["knobs"]
     model = fit(steps, initial)
     knobs = knobs_by_step(initial, steps)
 
@@ -216,18 +217,21 @@ def predicted_ms(model: CostModel, step: dict[str, Any], knobs: dict[str, Any]) 
     return model.step_ms(recorded_features(step, knobs.get("expert_capacity_factor")))
 
 
-def recorded_steps(demo: Demo, timeout_s: float = 120.0) -> list[dict[str, Any]]:
-    """Every step of the demo's session, once the recorder has written them all."""
-    deadline = time.monotonic() + timeout_s
-    while demo.status()["recorder"]["pending_steps"] and time.monotonic() < deadline:
-        time.sleep(0.2)
+def recorded_steps(demo: Demo, until: float, timeout_s: float = 120.0) -> list[dict[str, Any]]:
+    """The demo's session's steps up to one stamped `until` or later, waiting for the recorder
+    to write them (the load never stops, so its queue of steps is never empty)."""
     session, steps, start = demo.status()["recorder"]["main_session"], [], 0
-    while start is not None:
+    deadline = time.monotonic() + timeout_s
+    while not steps or steps[-1]["t"] < until:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the recorder did not write the steps up to {until} in time")
         page = demo.http.get(
             f"{demo.url}/api/sessions/{session}/steps", params={"from": start, "limit": 1000}
         ).json()
         steps += page["steps"]
-        start = page["next"]
+        start = page["next"] or (steps[-1]["step"] + 1 if steps else 0)
+        if page["next"] is None:
+            time.sleep(0.2)  # caught up with the recorder: let it write more
     return steps
 
 

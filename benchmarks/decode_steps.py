@@ -44,7 +44,7 @@ from offline_runners import (
     progress,
     warm_ours,
 )
-from peer_llamacpp import OUTPUT_RANGE, PROMPT_RANGE, checkpoint_name
+from peer_llamacpp import OUTPUT_RANGE, PROMPT_RANGE, cached_checkpoint
 from results_md import add_results_arguments, header, publish, results_path
 
 from engine import LLMEngine, SamplingParams
@@ -231,9 +231,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             model = build_checkpoint(Path(tmp) / "model", shape, 0)
         else:
             shape = SERVE_SHAPE
-            model = peer_build.CACHE / "models" / checkpoint_name(shape, 0)
-            if not (model / "config.json").exists():
-                build_checkpoint(model, shape, 0)
+            model = cached_checkpoint(shape, 0)
         out = measure(args, model, shape)
     out["shape"] = shape
     publish(SECTION, render(args, argv, out, time.perf_counter() - started), results_path(args))

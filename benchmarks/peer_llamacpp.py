@@ -140,7 +140,7 @@ def serving(engine: str, cmd: list[str], health: str, log: Path) -> Iterator[Ser
         argv = [c.replace("{port}", str(port)) for c in cmd]
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
     server = Server(engine, proc, f"http://127.0.0.1:{port}")
-    with healthy(proc, server.url + health, 180, lambda: f"{engine}: see {log}"):
+    with healthy(proc, server.url, health, 180, lambda: f"{engine}: see {log}"):
         yield server
 
 
@@ -322,6 +322,16 @@ class Context:
     seed: int
 
 
+def cached_checkpoint(shape: Shape, seed: int) -> Path:
+    """The benchmark's seeded checkpoint of `shape` under the peer cache, built if missing."""
+    model = peer_build.CACHE / "models" / checkpoint_name(shape, seed)
+    if not (model / "config.json").exists():
+        progress(f"building checkpoint at {model}")
+        with quiet_transformers():
+            build_checkpoint(model, shape, seed)
+    return model
+
+
 def checkpoint_name(shape: Shape, seed: int) -> str:
     experts = (
         f"-e{shape.experts}k{shape.top_k}i{shape.intermediate}" if shape != SERVE_SHAPE else ""
@@ -449,11 +459,7 @@ def prepare(args: argparse.Namespace, precisions: list[str], wl: Workload) -> Co
     src = peer_build.fetch_source()
     bins = peer_build.build(src)
     shape = SHAPES[args.shape]
-    model = peer_build.CACHE / "models" / checkpoint_name(shape, args.seed)
-    if not (model / "config.json").exists():
-        progress(f"building checkpoint at {model}")
-        with quiet_transformers():
-            build_checkpoint(model, shape, args.seed)
+    model = cached_checkpoint(shape, args.seed)
     gguf = {p: peer_build.convert(src, model, shape.vocab, p) for p in precisions}
     longest = max(len(p) + n for p, n in zip(wl.prompts, wl.max_tokens, strict=True))
     slot_ctx = -(-longest // 256) * 256

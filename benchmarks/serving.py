@@ -66,7 +66,7 @@ def server(
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
-    with healthy(proc, url + "/api/status", 120, lambda: proc.stderr.read() if proc.stderr else ""):
+    with healthy(proc, url, "/api/status", 120, lambda: proc.stderr.read() if proc.stderr else ""):
         yield url
 
 
