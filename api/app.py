@@ -5,6 +5,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
 from api import (
     attribution,
@@ -105,5 +106,12 @@ def create_app(engine_loop: EngineLoop, settings: ServerSettings | None = None) 
         api_key=settings.api_key,
         admin_key=settings.admin_key,
         max_body_bytes=settings.max_body_bytes,
+    )
+    # The dashboard's charts read the API from the browser, at the dashboard's origin: any
+    # origin may GET with the bearer key, as a script could; changes go through the
+    # dashboard's Python, never straight from a browser. Outside the guard: a preflight
+    # carries no key.
+    app.add_middleware(
+        CORSMiddleware, allow_origins=["*"], allow_methods=["GET"], allow_headers=["Authorization"]
     )
     return app

@@ -1,13 +1,10 @@
-"""The autopilot on the Live page: in the sidebar an on/off switch and the targets (PUT
-/api/autopilot) with its state and why; beside the charts its SLO chart and last decisions.
-Both refresh on their own every few seconds, apart from the rest of the page."""
+"""The autopilot's switch and targets in the Live page's sidebar (PUT /api/autopilot). Its
+state, SLO chart and decisions are a report below the charts, drawn in the browser
+(dashboard/reports.py)."""
 
 import streamlit as st
 
-from dashboard.autopilot_view import decision_rows, slo_figure
 from dashboard.client import get_autopilot, put_autopilot
-
-REFRESH_S = 2.0  # the autopilot itself looks every 2 s by default
 
 
 def apply(url: str) -> None:
@@ -24,7 +21,7 @@ def apply(url: str) -> None:
 
 def sidebar(url: str) -> None:
     st.header("Autopilot")
-    ok, status = get_autopilot(url, history=0)
+    ok, status = get_autopilot(url)
     if not ok:
         st.caption(f"cannot read the autopilot: {status}")
         return
@@ -47,25 +44,3 @@ def sidebar(url: str) -> None:
     msg = st.session_state.get("autopilot_msg")
     if msg is not None:
         (st.success if msg[0] else st.error)(msg[1])
-    state_line(url)
-
-
-@st.fragment(run_every=REFRESH_S)
-def state_line(url: str) -> None:
-    ok, status = get_autopilot(url, history=0)
-    if ok:
-        st.caption(f"**{status['state']}**: {status['note'] or '–'}")
-
-
-@st.fragment(run_every=REFRESH_S)
-def main(url: str) -> None:
-    """The SLO chart and the last decisions, while the autopilot is on and has measured."""
-    ok, status = get_autopilot(url)
-    if not ok or not status["settings"]["enabled"] or not status["history"]:
-        return
-    with st.container(key="autopilot_main"):
-        st.subheader("Autopilot")
-        st.plotly_chart(slo_figure(status), key="autopilot_slo")
-        rows = decision_rows(status)
-        if rows:
-            st.table(rows)

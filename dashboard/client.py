@@ -1,5 +1,5 @@
 """The dashboard's HTTP calls to the server (knobs, expert placement, sessions, what-if,
-latency attribution)."""
+the autopilot's settings)."""
 
 import os
 from typing import Any
@@ -155,48 +155,13 @@ def get_scorecard(url: str, limit: int = 20) -> list[dict[str, Any]]:
     return _get(url, "/api/whatif/scorecard", limit=limit)["entries"]
 
 
-ATTRIBUTION_TIMEOUT_S = 30.0  # the server attributes every request of the window on the call
-
-
-def get_attribution(url: str, window_s: float, bucket_s: float, recent: int) -> tuple[bool, Any]:
-    """GET /api/attribution: (True, the report on the requests that ended in the last
-    `window_s` seconds, by cause, in `bucket_s` buckets, with the latest `recent` timelines)
-    or (False, the server's message)."""
-    return _attribution(
-        url, "/api/attribution", window_s=window_s, bucket_s=bucket_s, recent=recent
-    )
-
-
-def get_session_attribution(
-    url: str, session_id: str, bucket_s: float, recent: int
-) -> tuple[bool, Any]:
-    """GET /api/sessions/{id}/attribution: (True, the report on the whole recorded session)
-    or (False, the server's message, e.g. that the recording is too old to attribute)."""
-    return _attribution(
-        url, f"/api/sessions/{session_id}/attribution", bucket_s=bucket_s, recent=recent
-    )
-
-
-def _attribution(url: str, path: str, **params: Any) -> tuple[bool, Any]:
-    try:
-        resp = _http.get(
-            url.rstrip("/") + path,
-            params=params,
-            headers=_headers(),
-            timeout=ATTRIBUTION_TIMEOUT_S,
-        )
-    except httpx.HTTPError as exc:
-        return False, f"server unreachable: {exc}"
-    return (True, resp.json()) if resp.status_code == 200 else (False, _error(resp))
-
-
-def get_autopilot(url: str, history: int = 300) -> tuple[bool, Any]:
-    """GET /api/autopilot: (True, settings, state, decisions and the last `history`
-    measurements) or (False, the server's message)."""
+def get_autopilot(url: str) -> tuple[bool, Any]:
+    """GET /api/autopilot: (True, its settings, state and decisions) or (False, the server's
+    message)."""
     try:
         resp = _http.get(
             url.rstrip("/") + "/api/autopilot",
-            params={"history": history},
+            params={"history": 0},
             headers=_headers(),
             timeout=TIMEOUT_S,
         )

@@ -1,13 +1,14 @@
 """The live page: the telemetry panels, drawn in the browser from /ws/telemetry (the
-live-charts component); knobs and expert rebalancing in the sidebar, each a fragment, so that
-Apply redraws its own form and nothing else (the charts show the new version and its marker
-from the telemetry itself)."""
+live-charts component) with the "Why slow?" and autopilot reports below them; knobs, the
+autopilot's switch and expert rebalancing in the sidebar, the knobs and rebalancing each a
+fragment, so that Apply redraws its own form and nothing else (the charts show the new
+version and its marker from the telemetry itself)."""
 
 from typing import Any
 
 import streamlit as st
 
-from dashboard import autopilot_panel, charts, why_slow_panel
+from dashboard import autopilot_panel, charts, reports
 from dashboard.client import (
     LIVE_PATH,
     get_experts,
@@ -185,10 +186,15 @@ def rebalance_panel(url: str) -> None:
 
 def page() -> None:
     url = st.session_state["url"]
-    live_charts(url, LIVE_PATH, key="live_charts", max_steps=MAX_WINDOW, shown=SHOWN)
-    why_slow_panel.live(url)
+    live_charts(
+        url,
+        LIVE_PATH,
+        key="live_charts",
+        max_steps=MAX_WINDOW,
+        shown=SHOWN,
+        reports=[reports.why_slow_live(url), reports.autopilot(url)],
+    )
     with st.sidebar:
         knob_panel(url)
         autopilot_panel.sidebar(url)
         rebalance_panel(url)
-    autopilot_panel.main(url)

@@ -2,10 +2,11 @@
 
 A Streamlit custom component (components v1, plain files in `live_charts_web/`, no build
 step). The browser opens the telemetry websocket itself, keeps its own rolling window and
-redraws with plotly.js; Python only sends the arguments once per page run, so no frame
-passes through the dashboard's server. plotly.js is the copy inside the installed `plotly`
-package, served by Streamlit as a second component's folder, PLOTLY_JS (nothing comes from a
-CDN); index.html names it.
+redraws with plotly.js; it also reads the reports below the charts (dashboard/reports.py)
+from the server's HTTP routes. Python only sends the arguments once per page run, so no
+frame and no report passes through the dashboard's server. plotly.js is the copy inside the
+installed `plotly` package, served by Streamlit as a second component's folder, PLOTLY_JS
+(nothing comes from a CDN); index.html names it.
 """
 
 import os
@@ -16,6 +17,7 @@ import plotly
 import streamlit.components.v1 as components
 
 from dashboard.client import ws_url
+from dashboard.reports import Report
 
 WEB = Path(__file__).with_name("live_charts_web")
 PLOTLY = Path(plotly.__file__).with_name("package_data")
@@ -31,15 +33,25 @@ def browser_token() -> str:
     return os.environ.get("MOESCOPE_API_KEY") or os.environ.get("MOESCOPE_ADMIN_KEY") or ""
 
 
-def live_charts(url: str, path: str, key: str, max_steps: int, shown: int, **replay: Any) -> None:
+def live_charts(
+    url: str,
+    path: str,
+    key: str,
+    max_steps: int,
+    shown: int,
+    reports: list[Report],
+    **replay: Any,
+) -> None:
     """The panels for the websocket at `url` + `path` (ws://, with the browser's token),
-    keeping `max_steps` steps and showing the last `shown`. `replay` (speeds, speed, nonce)
-    adds the replay controls; a new nonce starts the replay over."""
+    keeping `max_steps` steps and showing the last `shown`, and below them `reports` (read
+    from their routes with the same token). `replay` (speeds, speed, nonce) adds the replay
+    controls; a new nonce starts the replay over."""
     _charts(
         source=ws_url(url, path),
         token=browser_token(),
         max_steps=max_steps,
         shown=shown,
+        reports=reports,
         replay=bool(replay),
         **replay,
         key=key,

@@ -6,7 +6,7 @@ from typing import Any
 
 import streamlit as st
 
-from dashboard import why_slow_panel
+from dashboard import reports
 from dashboard.live_charts import live_charts
 from dashboard.session_picker import recorded_sessions
 
@@ -47,6 +47,6 @@ def page() -> None:
         shown=SHOWN,
         speeds=SPEEDS,
         speed=played_speed,
+        reports=[reports.why_slow_session(url, session)],
         nonce=st.session_state["replay_plays"],
     )
-    why_slow_panel.recorded(url, session)

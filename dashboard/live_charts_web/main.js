@@ -1,12 +1,15 @@
 // The live-charts component: on the page's render message it opens the websocket named by
 // its arguments and, once plotly.js is there, redraws the panels from its own rolling window
-// a few times a second. Python sends the arguments once; no frame passes through it.
+// a few times a second; below them it draws the reports its arguments name (reports.js),
+// read from the server's HTTP routes. Python sends the arguments once; no frame and no
+// report passes through it.
 
 import { Charts } from "./draw.js";
 import { CONNECTED, CONNECTING, Connection } from "./connection.js";
 import { showControls } from "./controls.js";
 import { Feed } from "./feed.js";
 import { followHeight, onRender } from "./protocol.js";
+import { Reports } from "./reports.js";
 import { showStatus } from "./status.js";
 import { StepWindow } from "./window.js";
 
@@ -93,8 +96,16 @@ class Session {
 
 const charts = new Charts($("panels"));
 let session = null;
+let reports = null;
+let reportsKey = null;
 
 onRender((args) => {
+  const asked = JSON.stringify([args.reports, args.token]);
+  if (asked !== reportsKey) {
+    if (reports) reports.stop();
+    reports = new Reports($("reports"), args.reports, args.token);
+    reportsKey = asked;
+  }
   const key = JSON.stringify([args.source, args.token, args.nonce]);
   if (session && session.key === key) return;
   if (session) session.stop();

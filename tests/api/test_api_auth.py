@@ -95,3 +95,29 @@ def test_rebalancing_needs_the_admin_key(guarded: Served) -> None:
     assert resp.status_code == 403 and "admin" in resp.json()["error"]["message"]
     resp = httpx.post(url, json={}, headers=_auth(ADMIN))
     assert resp.status_code == 409 and "ep_size is 1" in resp.json()["error"]["message"]
+
+
+def test_a_browser_on_another_origin_may_read_with_the_key(guarded: Served) -> None:
+    """The dashboard's charts fetch from the dashboard's origin: the preflight needs no key,
+    the read still does, and changes are not offered cross-origin."""
+    origin = {"Origin": "http://dashboard.test:8501"}
+    preflight = httpx.options(
+        guarded.url + "/api/autopilot",
+        headers={
+            **origin,
+            "Access-Control-Request-Method": "GET",
+            "Access-Control-Request-Headers": "authorization",
+        },
+    )
+    assert preflight.status_code == 200
+    assert preflight.headers["access-control-allow-origin"] == "*"
+    read = httpx.get(guarded.url + "/api/autopilot", headers={**origin, **_auth(KEY)})
+    assert read.status_code == 200 and read.headers["access-control-allow-origin"] == "*"
+    refused = httpx.get(guarded.url + "/api/autopilot", headers=origin)
+    assert refused.status_code == 401  # the browser reads the refusal too
+    assert refused.headers["access-control-allow-origin"] == "*"
+    change = httpx.options(
+        guarded.url + "/api/knobs",
+        headers={**origin, "Access-Control-Request-Method": "PATCH"},
+    )
+    assert change.status_code == 400

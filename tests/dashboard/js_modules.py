@@ -1,5 +1,6 @@
 """The live-charts component's JavaScript modules, run in headless Chromium (no server: the
-files are served to the page from disk), so tests can call them on Python's data."""
+files, and plotly.js for a test that adds it, are served to the page from disk), so tests can
+call them on Python's data."""
 
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -7,12 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from browser import chromium
-from playwright.sync_api import Page, Route
+from playwright.sync_api import Browser, Page, Route
 
-from dashboard.live_charts import WEB
+from dashboard.live_charts import PLOTLY, WEB
 
 ORIGIN = "http://moescope.test"
-MODULES = ("stats", "window", "figure", "panels", "feed")
+MODULES = ("stats", "window", "figure", "panels", "feed", "causes", "why_slow", "autopilot")
+MODULES += ("reports",)
 # a page whose `modules()` gives every module's exports in one object
 BLANK = (
     "<!doctype html><title>js</title><script>window.modules = async () => Object.assign({}, "
@@ -25,18 +27,25 @@ def _serve(route: Route) -> None:
     name = route.request.url.removeprefix(ORIGIN + "/")
     if name == "blank.html":
         route.fulfill(body=BLANK, content_type="text/html")
+    elif name == "plotly.min.js":
+        route.fulfill(path=PLOTLY / name, content_type="text/javascript")
     else:
         route.fulfill(path=WEB / Path(name).name, content_type="text/javascript")
 
 
+def blank_page(browser: Browser) -> Page:
+    """A new page of `browser` where `run` can call the modules."""
+    page = browser.new_page()
+    page.route(f"{ORIGIN}/**", _serve)
+    page.goto(f"{ORIGIN}/blank.html")
+    return page
+
+
 @contextmanager
 def js_page() -> Iterator[Page]:
-    """A page where `run` can call the modules."""
+    """A page where `run` can call the modules, in a browser of its own."""
     with chromium() as browser:
-        page = browser.new_page()
-        page.route(f"{ORIGIN}/**", _serve)
-        page.goto(f"{ORIGIN}/blank.html")
-        yield page
+        yield blank_page(browser)
 
 
 def run(page: Page, function: str, arg: Any = None) -> Any:

@@ -37,9 +37,8 @@ PANELS = (
     "throughput",
     "step_time",
 )
-# charts the server drew (not the sidebar's, nor the "Why slow?" panel's in its `why_...`
-# container): none, the panels are the component's
-SERVER_CHARTS = '[data-testid="stMain"] .js-plotly-plot:not([class*="st-key-why_"] *)'
+# charts the server drew (not the sidebar's): none, the panels and reports are the component's
+SERVER_CHARTS = '[data-testid="stMain"] .js-plotly-plot'
 SIDEBAR_CHARTS = '[data-testid="stSidebar"] .js-plotly-plot'
 
 pytestmark = [
@@ -107,6 +106,20 @@ def test_live_page_in_a_browser(
             expect(frame.get_by_text(title).first).to_be_visible(timeout=WAIT_MS)
         for panel in ("batch", "throughput"):  # the charts move on as steps arrive
             wait_drawn_past(frame, drawn_step(frame, panel), panel)
+        why = frame.locator('[data-report="why_slow"]')
+        expect(why.get_by_text("requests ended in the last 60 s")).to_be_visible(timeout=WAIT_MS)
+        expect(why.locator('[data-chart="waterfall"] .main-svg').first).to_be_attached(
+            timeout=WAIT_MS
+        )
+        pilot = frame.locator('[data-report="autopilot"]')
+        expect(pilot.get_by_text("off: –")).to_be_visible(timeout=WAIT_MS)
+        page.get_by_text("hold the targets").click()
+        page.get_by_role("button", name="Set", exact=True).click()
+        expect(page.get_by_text("autopilot on")).to_be_visible(timeout=WAIT_MS)
+        expect(pilot.get_by_text("off: –")).to_have_count(0, timeout=WAIT_MS)
+        page.get_by_text("hold the targets").click()
+        page.get_by_role("button", name="Set", exact=True).click()
+        expect(pilot.get_by_text("off: –")).to_be_visible(timeout=WAIT_MS)
         expect(page.locator(SIDEBAR_CHARTS)).to_have_count(1, timeout=WAIT_MS)  # placement
         expect(page.locator(SERVER_CHARTS)).to_have_count(0)
         page.screenshot(path=tmp_path / "live.png", full_page=True)
@@ -165,6 +178,8 @@ def test_replay_controls_move_the_replay(served: Served, dashboard_url: str) -> 
         expect(frame.get_by_text("replay ended")).to_be_visible(timeout=WAIT_MS)
         wait_drawn_past(frame, 10)
         assert _state(frame) == "connected"
+        why = frame.locator('[data-report="why_slow"]')
+        expect(why.get_by_text("requests in the session")).to_be_visible(timeout=WAIT_MS)
 
         # paused, a seek empties the charts and nothing comes: the answer to a later op
         # would follow any step sent before it

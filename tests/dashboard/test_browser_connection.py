@@ -1,5 +1,6 @@
 """The live charts' connection in a browser: no server yet, a server that comes, goes and
-comes back, and a server that refuses the dashboard's key."""
+comes back, and a server that refuses the dashboard's key (on the websocket and on the
+reports' routes)."""
 
 from pathlib import Path
 
@@ -33,10 +34,14 @@ def test_no_server_then_a_restart_shows_the_state_and_recovers(tmp_path: Path) -
         expect(
             frame.get_by_text(f"nothing answers at ws://127.0.0.1:{port}/ws/telemetry")
         ).to_be_visible()
+        pilot = frame.locator('[data-report="autopilot"]')
+        expect(pilot.get_by_text("server unreachable")).to_be_visible(timeout=WAIT_MS)
         for _ in range(2):  # the server comes up, then restarts
             served = serve(ServerSettings(model_name=MODEL), port=port)
             try:
                 expect(state).to_have_text("connected", timeout=WAIT_MS)
+                expect(pilot.get_by_text("off: –")).to_be_visible(timeout=WAIT_MS)
+                expect(pilot.get_by_text("server unreachable")).to_have_count(0)
                 received = frame.evaluate(RECEIVED)
                 traffic(served.loop, 2, 16)
                 frame.wait_for_function(f"() => ({RECEIVED})() > {received}", timeout=WAIT_MS)
@@ -55,8 +60,10 @@ def test_a_wrong_key_shows_the_servers_refusal(tmp_path: Path) -> None:
             page.goto(dash)
             frame = charts(page)
             expect(frame.locator("#status .state")).to_have_text("refused", timeout=WAIT_MS)
-            expect(
-                frame.get_by_text("missing or invalid API key (Authorization: Bearer <key>)")
-            ).to_be_visible()
+            refusal = "missing or invalid API key (Authorization: Bearer <key>)"
+            expect(frame.locator("#status").get_by_text(refusal)).to_be_visible()
+            for report in ("why_slow", "autopilot"):  # read over HTTP, refused there too
+                section = frame.locator(f'[data-report="{report}"]')
+                expect(section.get_by_text(f"401: {refusal}")).to_be_visible(timeout=WAIT_MS)
     finally:
         stop(served)
