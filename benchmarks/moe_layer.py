@@ -1,10 +1,11 @@
 """One MoE layer on the CPU: ours (grouped) against transformers' Mixtral block and a loop.
 
 Same weights everywhere (Mixtral-shaped, fp32): our `MoEBlock` on its torch grouped_mm
-backend and on its per-expert loop backend; transformers' `MixtralSparseMoeBlock` with its
-eager experts (a loop over the experts hit) and with its `grouped_mm` experts; and a
-per-token loop (each token through its top-k experts). At 1, 64 and 2048 tokens, as times
-and as ratios to ours, in one run. Writes its section of benchmarks/RESULTS.md.
+backend, on its oneDNN backend (prepacked weights) and on its per-expert loop backend;
+transformers' `MixtralSparseMoeBlock` with its eager experts (a loop over the experts hit)
+and with its `grouped_mm` experts; and a per-token loop (each token through its top-k
+experts). At 1, 16, 64, 256 and 2048 tokens, as times and as ratios to ours (grouped_mm),
+in one run. Writes its section of benchmarks/RESULTS.md.
 
     python benchmarks/moe_layer.py            # --quick for a smoke run (writes nothing)
 """
@@ -36,7 +37,7 @@ from engine.model.moe import MoEBlock, route  # noqa: E402
 from stats import percentile  # noqa: E402
 
 SECTION = "moe_layer"
-FULL = dict(hidden=512, inter=1024, experts=8, top_k=2, tokens=(1, 64, 2048))
+FULL = dict(hidden=512, inter=1024, experts=8, top_k=2, tokens=(1, 16, 64, 256, 2048))
 QUICK = dict(hidden=32, inter=48, experts=4, top_k=2, tokens=(1, 8))
 
 
@@ -150,6 +151,7 @@ def measure(shape: dict, budget_s: float) -> tuple[list[str], dict[int, dict[str
     block = our_block(shape["hidden"], shape["inter"], shape["experts"], shape["top_k"], seed=0)
     impls: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
         "moescope MoEBlock (grouped_mm)": ours(block, "torch"),
+        "moescope MoEBlock (oneDNN, the CPU's float32 default)": ours(block, "onednn"),
         "moescope MoEBlock (per-expert loop)": ours(block, "loop"),
         "transformers MixtralSparseMoeBlock (eager)": hf(hf_block(block, "eager")),
         "transformers MixtralSparseMoeBlock (grouped_mm)": hf(hf_block(block, "grouped_mm")),
@@ -176,13 +178,17 @@ def measure(shape: dict, budget_s: float) -> tuple[list[str], dict[int, dict[str
 
 
 READING = (
-    "Reading (over three runs on 2026-11-30): at 1 token ours is about 1.5-1.8x faster than "
-    "transformers' block (less routing overhead); at 64 tokens every grouped or per-expert "
-    "implementation is within noise of the others; at 2048 tokens torch's CPU grouped_mm (ours "
-    "and transformers' alike) runs at 0.9-1.0x the speed of a per-expert loop of matmuls: on "
-    "the CPU it runs one matmul per group itself (the torch profiler shows one aten::mm per "
-    "expert and projection inside it), and those GEMMs are over 90% of our layer's time. "
-    "Tokens one at a time are 4-9x slower from 64 tokens up."
+    "Reading: on 2026-11-30 (1 thread, three runs) at 1 token ours was about 1.5-1.8x faster "
+    "than transformers' block (less routing overhead), and from 64 tokens up every grouped or "
+    "per-expert implementation was within noise of the others: torch's CPU grouped_mm runs one "
+    "matmul per group itself (one aten::mm per expert and projection in the profiler), and "
+    "those GEMMs are over 90% of the layer's time. On 2026-12-02 (2 threads, the engine's "
+    "default) oneDNN's inner product with prepacked weights, now the CPU's float32 backend, "
+    "took 0.65-0.73x the grouped_mm time from 16 to 256 tokens (decode batches of 8 to 128 "
+    "sequences put 2-32 rows on each of the 8 experts) and 0.82x at 2048; at 1 token it is "
+    "0.1 ms slower (two small calls instead of one). grouped_mm runs a few rows per expert "
+    "on one thread (at 4 rows per expert it took the same time with 1 thread as with 2), "
+    "oneDNN on both. Tokens one at a time are 4-20x slower from 64 tokens up."
 )
 
 

@@ -48,6 +48,7 @@ class DecodeGraphs:
     def __init__(self, model: MoETransformer, block_size: int, scratch_block: int) -> None:
         self.model = model
         self.device = model.embed_tokens.weight.device
+        self.dtype = model.embed_tokens.weight.dtype
         self.scratch_block = scratch_block
         self.scratch_index = scratch_block * block_size
         width = -(-model.cfg.max_model_len // block_size)
@@ -70,8 +71,11 @@ class DecodeGraphs:
             and ctx.ep is None
             and 0 < num_rows <= SIZES[-1]
             and attn_backend(self.device) == "triton"
-            and moe_backend(self.device) != "loop"
+            and self._moe() in ("triton", "torch")  # the others read counts on the host
         )
+
+    def _moe(self) -> str:
+        return moe_backend(self.device, self.dtype)
 
     def run(
         self,
@@ -85,7 +89,7 @@ class DecodeGraphs:
         size = next(s for s in SIZES if s >= n)
         self._fill(input_ids, positions, ctx, n, size)
         assert ctx.placement is not None
-        key = (size, ctx.placement.version, moe_backend(self.device), attn_backend(self.device))
+        key = (size, ctx.placement.version, self._moe(), attn_backend(self.device))
         graph = self.graphs.get(key) or self._capture(key, ctx)
         graph.replay()
         return (

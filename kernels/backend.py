@@ -1,7 +1,8 @@
 """Backend selection, in one place, for the expert computation and for decode attention.
 
-Default: Triton for CUDA tensors (when triton is installed), torch for CPU tensors.
-MOESCOPE_MOE_BACKEND=triton|torch|loop and MOESCOPE_ATTN_BACKEND=triton|torch override it;
+Default: Triton for CUDA tensors (when triton is installed); on the CPU, oneDNN for float32
+experts (when torch has it: kernels.onednn_moe) and torch otherwise.
+MOESCOPE_MOE_BACKEND=triton|torch|onednn|loop and MOESCOPE_ATTN_BACKEND=triton|torch override it;
 they are read at every call. `triton` on CPU tensors runs in Triton's interpreter (slowly but
 exactly; see kernels.triton_env for how TRITON_INTERPRET is set).
 """
@@ -13,12 +14,14 @@ from typing import Literal
 
 import torch
 
+from kernels import onednn_moe
 from kernels.grouped_gemm import combine_experts, expert_ffn, expert_ffn_loop
 from kernels.paged_attention import decode_attention_torch
 
-MoEBackend = Literal["triton", "torch", "loop"]
+MoEBackend = Literal["triton", "torch", "onednn", "loop"]
 AttnBackend = Literal["triton", "torch"]
-MOE_BACKENDS: tuple[str, ...] = ("triton", "torch", "loop")
+MOE_BACKENDS: tuple[str, ...] = ("triton", "torch", "onednn", "loop")
+FFNS = {"torch": expert_ffn, "onednn": onednn_moe.expert_ffn_onednn, "loop": expert_ffn_loop}
 ATTN_BACKENDS: tuple[str, ...] = ("triton", "torch")
 
 
@@ -27,18 +30,22 @@ def triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def _choose(var: str, allowed: tuple[str, ...], device: torch.device) -> str:
+def _choose(var: str, allowed: tuple[str, ...], device: torch.device, cpu: str = "torch") -> str:
+    """`var`'s backend if set (checked against `allowed`), else Triton on CUDA and `cpu`."""
     name = os.environ.get(var)
     if name is None:
-        return "triton" if device.type == "cuda" and triton_installed() else "torch"
+        return "triton" if device.type == "cuda" and triton_installed() else cpu
     if name not in allowed:
         raise ValueError(f"{var}={name!r}; expected one of {allowed}")
     return name
 
 
-def moe_backend(device: torch.device) -> MoEBackend:
-    """The MoE backend for tensors on `device` (MOESCOPE_MOE_BACKEND overrides)."""
-    return _choose("MOESCOPE_MOE_BACKEND", MOE_BACKENDS, device)  # type: ignore[return-value]
+def moe_backend(device: torch.device, dtype: torch.dtype) -> MoEBackend:
+    """The MoE backend for `dtype` tensors on `device` (MOESCOPE_MOE_BACKEND overrides).
+    oneDNN is the CPU's for float32 only: for bf16, grouped_mm is as fast (RESULTS.md)."""
+    onednn = device.type == "cpu" and dtype == torch.float32 and onednn_moe.available()
+    name = _choose("MOESCOPE_MOE_BACKEND", MOE_BACKENDS, device, "onednn" if onednn else "torch")
+    return name  # type: ignore[return-value]
 
 
 def attn_backend(device: torch.device) -> AttnBackend:
@@ -59,13 +66,12 @@ def moe_experts(
     order [N]: flat pair ids (token * top_k + j) sorted by expert; per_expert [E]: rows per
     expert; weights [T, top_k] float32 router weights.
     """
-    backend = moe_backend(x.device)
+    backend = moe_backend(x.device, x.dtype)
     if backend == "triton":
         from kernels.triton_moe import fused_moe
 
         return fused_moe(x, w_gate_up, w_down, order, per_expert, weights)
-    ffn = expert_ffn_loop if backend == "loop" else expert_ffn
-    return combine_experts(x, w_gate_up, w_down, order, per_expert, weights, ffn)
+    return combine_experts(x, w_gate_up, w_down, order, per_expert, weights, FFNS[backend])
 
 
 def decode_attention(

@@ -4,7 +4,7 @@ import pytest
 import torch
 from kernel_inputs import DEVICE, nonzero_randn, rel_err, routing
 
-from kernels import combine_experts, expert_ffn_loop, moe_backend, moe_experts
+from kernels import combine_experts, expert_ffn_loop, moe_backend, moe_experts, onednn_moe
 from kernels.gemm_configs import GemmConfig, MoEConfig
 from kernels.triton_moe import fused_moe
 
@@ -119,19 +119,44 @@ def test_no_rows_gives_zeros() -> None:
                 DEVICE.type == "cuda", reason="torch grouped_mm on CUDA is bf16 only"
             ),
         ),
+        pytest.param(
+            "onednn",
+            marks=pytest.mark.skipif(DEVICE.type == "cuda", reason="oneDNN is the CPU's"),
+        ),
     ],
 )
-def test_backends_agree(monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
-    args = case(SHAPES[1], torch.float32, seed=8)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_backends_agree(
+    monkeypatch: pytest.MonkeyPatch, backend: str, shape: tuple[int, ...]
+) -> None:
+    if backend == "triton" and shape != SHAPES[1]:
+        pytest.skip("test_fp32_matches_reference runs the Triton kernel on every shape")
+    args = case(shape, torch.float32, seed=8)
     monkeypatch.setenv("MOESCOPE_MOE_BACKEND", backend)
-    assert moe_backend(DEVICE) == backend
+    assert moe_backend(DEVICE, torch.float32) == backend
     assert rel_err(moe_experts(*args), reference(*args)) < 1e-5
+
+
+@pytest.mark.skipif(DEVICE.type == "cuda", reason="oneDNN is the CPU's")
+def test_onednn_repacks_weights_written_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint loaded into the same parameters must not leave the old packing behind."""
+    monkeypatch.setenv("MOESCOPE_MOE_BACKEND", "onednn")
+    x, w_gate_up, w_down, order, per_expert, w = case(SHAPES[4], torch.float32, seed=9)
+    before = moe_experts(x, w_gate_up, w_down, order, per_expert, w)
+    with torch.no_grad():
+        w_gate_up.mul_(0.5)
+        w_down.copy_(w_down.flip(0))
+    after = moe_experts(x, w_gate_up, w_down, order, per_expert, w)
+    assert rel_err(after, reference(x, w_gate_up, w_down, order, per_expert, w)) < 1e-5
+    assert rel_err(after, before) > 0.1
 
 
 def test_backend_default_and_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MOESCOPE_MOE_BACKEND", raising=False)
-    assert moe_backend(torch.device("cpu")) == "torch"
-    assert moe_backend(torch.device("cuda")) == "triton"
+    cpu = torch.device("cpu")
+    assert moe_backend(cpu, torch.float32) == ("onednn" if onednn_moe.available() else "torch")
+    assert moe_backend(cpu, torch.bfloat16) == "torch"
+    assert moe_backend(torch.device("cuda"), torch.float32) == "triton"
     monkeypatch.setenv("MOESCOPE_MOE_BACKEND", "cutlass")
     with pytest.raises(ValueError, match="MOESCOPE_MOE_BACKEND"):
-        moe_backend(DEVICE)
+        moe_backend(DEVICE, torch.float32)
