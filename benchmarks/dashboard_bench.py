@@ -16,8 +16,9 @@ Chromium (1600x1000) driven by Playwright:
 4. Dashboard CPU: the dashboard's process tree's CPU over `--cpu-s` with 0, 1 and `--pages`
    Live pages open, each page in its own browser context.
 5. Overhead: mean engine step time (GET /api/status: busy_s / steps) in blocks of
-   `--block-s` with no page (twice: an A/A control) and with `--pages` Live pages, rotated
-   over `--rounds`; Chromium at nice 19 here, standing for a browser on another machine.
+   `--block-s` with no page (twice: an A/A control), with `--pages` Live pages, and with
+   those pages' server traffic alone (page_traffic.py: what the server does for them, with
+   no browser drawing on these cores), rotated over `--rounds`; Chromium at nice 19 here.
    The demo's open-loop load changes the batches from block to block, and with them the
    step time, more than the pages do; so each block's recorded steps are also divided by what
    the twin's cost model (fitted on the session's steps) predicts for their composition,
@@ -48,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 import dashboard_pages as pages  # noqa: E402
 import machine  # noqa: E402
 from dashboard_demo import EP_SIZE, RATE, Demo, step_ms  # noqa: E402
+from page_traffic import PageTraffic  # noqa: E402
 from results_md import add_results_arguments, header, publish, results_path  # noqa: E402
 from targets import Target  # noqa: E402
 
@@ -61,7 +63,8 @@ SECTION = "dashboard"
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 BROWSER_NICE = 19  # in the overhead blocks
-MODES = ("none", "none again", "pages")  # blocks without a page (twice: A/A) and with pages
+# blocks without a page (twice: A/A), with pages, and with the pages' server traffic alone
+MODES = ("none", "none again", "pages", "page traffic")
 TARGETS = {
     "apply_version_s": Target("click Apply -> server's knob version changed, p95 (s)", 1.0, False),
     "apply_marker_s": Target("click Apply -> marker on a chart, p95 (s)", 1.5, False),
@@ -157,14 +160,18 @@ def overhead_run(demo: Demo, n: int, rounds: int, block_s: float) -> dict[str, A
     (the load drifts over a run; a round's blocks are close in time)."""
     blocks: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
     spans: dict[str, list[tuple[float, float]]] = {mode: [] for mode in MODES}
+    served = {"frames": 0, "answers": 0}  # what the page traffic received
     with chromium(BROWSER_NICE) as browser:
         for r in range(rounds):
             for mode in MODES[r % len(MODES) :] + MODES[: r % len(MODES)]:
                 opened = live_pages(browser, demo.dashboard_url, n) if mode == "pages" else []
-                before, t0 = demo.status(), time.time()
-                time.sleep(block_s)
-                blocks[mode].append(step_ms(before, demo.status()))
-                spans[mode].append((t0, time.time()))
+                with PageTraffic(demo.url, n if mode == "page traffic" else 0) as traffic:
+                    before, t0 = demo.status(), time.time()
+                    time.sleep(block_s)
+                    blocks[mode].append(step_ms(before, demo.status()))
+                    spans[mode].append((t0, time.time()))
+                served["frames"] += traffic.frames
+                served["answers"] += traffic.answers
                 close(opened)
     adjusted = composition_adjusted(demo, spans)
 
@@ -177,6 +184,7 @@ def overhead_run(demo: Demo, n: int, rounds: int, block_s: float) -> dict[str, A
     return {
         "pages": n,
         "rounds": rounds,
+        "traffic": served,
         "block_s": block_s,
         "blocks": blocks,
         "mean_ms": {m: mean(m, "wall") for m in MODES},
@@ -356,6 +364,13 @@ def measure_rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         (
             "… two runs of none (A/A: the noise of this machine)",
             f"{ov['adjusted_ratio']['none again']:.3f}",
+            "–",
+            "–",
+        ),
+        (
+            f"… the {ov['pages']} pages' server traffic without a browser (each page's "
+            "websocket read, its reports polled) / none",
+            f"{ov['adjusted_ratio']['page traffic']:.3f}",
             "–",
             "–",
         ),

@@ -34,6 +34,7 @@ def test_dashboard_benchmark_quick(tmp_path: Path) -> None:
     overhead = res["overhead"]
     assert all(ms > 0 for ms in overhead["mean_ms"].values()), overhead
     assert overhead["round_median"]["none"] == overhead["cpu_ratio"]["none"] == 1.0
+    assert overhead["traffic"]["frames"] > 0 and overhead["traffic"]["answers"] >= 2
     adjusted = overhead["adjusted"]
     assert all(r > 0 for rs in adjusted["blocks"].values() for r in rs), adjusted
     assert overhead["adjusted_ratio"]["none"] == 1.0 and adjusted["steps"] >= 40
