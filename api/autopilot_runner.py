@@ -1,7 +1,8 @@
 """The SLO autopilot on the server: every interval it reads the live window, attributes the
-recent requests, asks the live twin about a few knob sets on a low-priority worker thread
-(never the engine thread, never the event loop) and applies its choice through
-`update_knobs(origin="autopilot", reason=...)`."""
+recent requests on a low-priority worker thread (never the engine thread, never the event
+loop), asks the live twin about a few knob sets in the analysis process (api/analysis.py:
+a simulation in this process would hold the GIL the engine thread needs at every torch
+operation) and applies its choice through `update_knobs(origin="autopilot", reason=...)`."""
 
 import asyncio
 import contextlib
@@ -12,6 +13,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import stats
+from api.analysis import Analysis
 from api.control import engine_description
 from api.live_attribution import live_report
 from api.live_window import AttributionView, LiveWindow
@@ -49,7 +52,8 @@ class AutopilotRunner:
         self._lock = threading.Lock()
         self._generation = 0  # bumped by every configure and person's change
         self._executor = ThreadPoolExecutor(1, "autopilot", initializer=_low_priority)
-        self.cpu_s = 0.0  # the worker's CPU time over every tick
+        self._analysis = Analysis()
+        self.cpu_s = 0.0  # the worker's and the analysis process's CPU time over every tick
         self.ticks = 0
 
     @property
@@ -87,6 +91,7 @@ class AutopilotRunner:
                     await self.tick()
         finally:
             self._executor.shutdown(wait=False, cancel_futures=True)
+            self._analysis.close()
 
     async def tick(self) -> Decision | None:
         """One look: the decision applied (or refused), or None when it held."""
@@ -123,10 +128,10 @@ class AutopilotRunner:
             window_s = min(s.arrivals_s, arrival_window(snapshot.t - started_t))
 
             def twin_trials(changes: list[dict[str, Any]]) -> list[Trial]:
-                twin, _ = twin_from_live(
-                    config, steps, view.records, snapshot, window_s, s.horizon_s
-                )
-                return [evaluate(twin, c, s.slo, s.horizon_s) for c in changes]
+                args = (config, steps, view.records, snapshot, window_s, s.horizon_s, s.slo)
+                trials, cpu_s = self._analysis.submit(live_trials, *args, changes).result()
+                self.cpu_s += cpu_s
+                return trials
 
             with self._lock:
                 generation = self._generation
@@ -177,6 +182,24 @@ class AutopilotRunner:
             return
         with self._lock:
             self.pilot.applied(decision, version)
+
+
+def live_trials(
+    config: dict[str, Any],
+    steps: list[dict[str, Any]],
+    records: list[dict[str, Any]],
+    snapshot: QueueSnapshot,
+    window_s: float,
+    horizon_s: float,
+    slo: stats.SLO,
+    changes: list[dict[str, Any]],
+) -> tuple[list[Trial], float]:
+    """In the analysis process: the live twin's trial of each of `changes`, and the CPU
+    seconds they took."""
+    cpu0 = time.process_time()
+    twin, _ = twin_from_live(config, steps, records, snapshot, window_s, horizon_s)
+    trials = [evaluate(twin, c, slo, horizon_s) for c in changes]
+    return trials, time.process_time() - cpu0
 
 
 def _attribution(view: AttributionView, window_s: float) -> dict[str, Any] | None:

@@ -1,0 +1,40 @@
+"""A child process for the server's simulations, so that they never hold the server's GIL.
+
+The engine thread lets the GIL go at every torch operation and must take it back after;
+while another thread of the same process runs Python, each of those takes waits out the
+switch interval (5 ms). A decode step that took 35 ms took 3.6 s beside a busy Python
+thread (`benchmarks/gil.py`). The autopilot's twin is such a thread for seconds at a time,
+so it runs here instead, at low priority, started on first use.
+"""
+
+import multiprocessing
+import os
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+NICE = 10  # as the autopilot's thread was: the engine first, but not starved
+
+
+def _low_priority() -> None:
+    os.nice(NICE)
+
+
+class Analysis:
+    """One worker process, started on the first `submit` (spawned: forking a process that
+    runs threads and OpenMP is unsafe)."""
+
+    def __init__(self) -> None:
+        self._pool: ProcessPoolExecutor | None = None
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> "Future[T]":
+        """`fn(*args)` in the worker; `fn` and the arguments must pickle."""
+        if self._pool is None:
+            spawn = multiprocessing.get_context("spawn")
+            self._pool = ProcessPoolExecutor(1, mp_context=spawn, initializer=_low_priority)
+        return self._pool.submit(fn, *args)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
