@@ -6,7 +6,7 @@
 import { decisionRows, measuring, sloFigure, stateLine } from "./autopilot.js";
 import { causeBars, headline, waterfall } from "./why_slow.js";
 
-const RETRY_MS = 5000; // a one-off report that could not be read is asked for again
+const RETRY_MS = 5000; // a one-off report not read yet (unreachable, hidden) is asked again
 const PLOTLY_WAIT_MS = 100;
 const CONFIG = { displaylogo: false, responsive: true };
 
@@ -132,7 +132,9 @@ class Report {
 
   async poll() {
     let again = this.spec.every_s * 1000;
-    if (!document.hidden) {
+    if (document.hidden) {
+      again = again || RETRY_MS; // a one-off report is asked for once the tab is shown
+    } else {
       const answer = await ask(this.spec.url, this.token);
       if (this.stopped) return;
       this.section.dataset.answers = String(Number(this.section.dataset.answers) + 1);
