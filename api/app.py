@@ -19,6 +19,7 @@ from api import (
     telemetry_ws,
     whatif,
 )
+from api.analysis import Analysis
 from api.auth import GuardMiddleware
 from api.autopilot_runner import AutopilotRunner
 from api.errors import install_error_handlers
@@ -43,9 +44,10 @@ def create_app(engine_loop: EngineLoop, settings: ServerSettings | None = None) 
     settings = settings or ServerSettings()
     store, recorder = open_storage(engine_loop, settings)
     window = LiveWindow(engine_loop, keep_s=max(ARRIVAL_WINDOW_S, settings.whatif_horizon_s) + 10)
-    twins = Twins(engine_loop, window, store)
+    analysis = Analysis()  # the server's simulations, off its GIL
+    twins = Twins(engine_loop, window, store, analysis)
     scorecard = Scorecard(twins, window, engine_loop.engine.session, settings.whatif_horizon_s)
-    pilot = AutopilotRunner(engine_loop, window, settings.autopilot)
+    pilot = AutopilotRunner(engine_loop, window, settings.autopilot, analysis)
     window.change_hooks += [scorecard.watch, pilot.knob_changed]
 
     @contextlib.asynccontextmanager
@@ -70,6 +72,7 @@ def create_app(engine_loop: EngineLoop, settings: ServerSettings | None = None) 
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await scorecard.close()
+            analysis.close()
             if recorder is not None:
                 await asyncio.to_thread(recorder.close)
             if store is not None:

@@ -44,7 +44,11 @@ class AutopilotRunner:
     taken at once; a tick whose settings or pause changed meanwhile is dropped."""
 
     def __init__(
-        self, engine_loop: EngineLoop, window: LiveWindow, settings: AutopilotSettings
+        self,
+        engine_loop: EngineLoop,
+        window: LiveWindow,
+        settings: AutopilotSettings,
+        analysis: Analysis,
     ) -> None:
         self.engine_loop = engine_loop
         self.window = window
@@ -52,7 +56,7 @@ class AutopilotRunner:
         self._lock = threading.Lock()
         self._generation = 0  # bumped by every configure and person's change
         self._executor = ThreadPoolExecutor(1, "autopilot", initializer=_low_priority)
-        self._analysis = Analysis()
+        self._analysis = analysis
         self.cpu_s = 0.0  # the worker's and the analysis process's CPU time over every tick
         self.ticks = 0
 
@@ -91,7 +95,6 @@ class AutopilotRunner:
                     await self.tick()
         finally:
             self._executor.shutdown(wait=False, cancel_futures=True)
-            self._analysis.close()
 
     async def tick(self) -> Decision | None:
         """One look: the decision applied (or refused), or None when it held."""

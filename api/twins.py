@@ -1,10 +1,12 @@
 """Running the what-if twin for the server: from a recorded session or from the live engine,
-one simulation at a time, off the engine thread and off the event loop."""
+one simulation at a time, in the analysis process (api/analysis.py: never on a thread of the
+server, whose GIL the engine thread needs at every torch operation)."""
 
 import asyncio
 import time
 from typing import Any
 
+from api.analysis import Analysis
 from api.control import engine_description
 from api.live_window import LiveWindow
 from engine.loop import EngineLoop
@@ -14,15 +16,20 @@ from storage import queries as q
 from tuning.live import arrival_window, twin_from_live
 from tuning.whatif import twin_from_recording
 
+Recording = tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]  # q.recording's
+
 
 class Twins:
     """What-ifs of one server: `recorded` reads a session from `store`, `live` starts from the
     engine's queue (a snapshot taken on the engine thread) and its recent `window`."""
 
-    def __init__(self, engine_loop: EngineLoop, window: LiveWindow, store: Store | None) -> None:
+    def __init__(
+        self, engine_loop: EngineLoop, window: LiveWindow, store: Store | None, analysis: Analysis
+    ) -> None:
         self.engine_loop = engine_loop
         self.window = window
         self.store = store
+        self.analysis = analysis
         self._lock = asyncio.Lock()  # simulations share the CPU with the engine: one at a time
 
     async def recorded(
@@ -30,8 +37,10 @@ class Twins:
     ) -> dict[str, Any]:
         """Twin.compare on a recorded session (SessionNotFound, InvalidInput as raised)."""
         assert self.store is not None
+        recording = await asyncio.to_thread(q.recording, self.store, session_id)
         async with self._lock:
-            return await asyncio.to_thread(_recorded, self.store, session_id, changes, horizon_s)
+            run = self.analysis.submit(_recorded, session_id, recording, changes, horizon_s)
+            return await asyncio.wrap_future(run)
 
     async def live(
         self, changes: dict[str, Any], horizon_s: float, version: int | None = None
@@ -47,16 +56,14 @@ class Twins:
         recent = list(self.window.records)
         window_s = arrival_window(snapshot.t - self.window.started_t)
         config = engine_description(self.engine_loop)
+        args = (config, steps, recent, snapshot, window_s, changes, horizon_s, version)
         async with self._lock:
-            return await asyncio.to_thread(
-                _live, config, steps, recent, snapshot, window_s, changes, horizon_s, version
-            )
+            return await asyncio.wrap_future(self.analysis.submit(_live, *args))
 
 
 def _recorded(
-    store: Store, session_id: str, changes: dict[str, Any], horizon_s: float
+    session_id: str, recording: Recording, changes: dict[str, Any], horizon_s: float
 ) -> dict[str, Any]:
-    recording = q.recording(store, session_id)
     start = time.perf_counter()
     twin = twin_from_recording(*recording)
     result = twin.compare(changes, horizon_s)

@@ -23,7 +23,8 @@ def available() -> bool:
 
 def packed(w: torch.Tensor) -> list[torch.Tensor]:
     """w [E, K, N] as E oneDNN weights [N, K] (an inner product's layout), packed once."""
-    stamp = (w._version, w.data_ptr())
+    # an inference tensor keeps no version counter (and is written only in inference mode)
+    stamp = (-1 if w.is_inference() else w._version, w.data_ptr())
     hit = _packed.get(id(w))
     if hit is None or hit[0]() is not w or hit[1] != stamp:
         if hit is None or hit[0]() is not w:

@@ -151,6 +151,15 @@ def test_onednn_repacks_weights_written_in_place(monkeypatch: pytest.MonkeyPatch
     assert rel_err(after, before) > 0.1
 
 
+@pytest.mark.skipif(DEVICE.type == "cuda", reason="oneDNN is the CPU's")
+def test_onednn_takes_weights_made_in_inference_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MOESCOPE_MOE_BACKEND", "onednn")
+    with torch.inference_mode():
+        args = case(SHAPES[1], torch.float32, seed=10)
+        assert args[1].is_inference()
+        assert rel_err(moe_experts(*args), reference(*args)) < 1e-5
+
+
 def test_backend_default_and_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MOESCOPE_MOE_BACKEND", raising=False)
     cpu = torch.device("cpu")
