@@ -141,8 +141,9 @@ def render(ms: dict[str, list[float]], argv: list[str], seconds: float) -> str:
         "Reading: the engine thread releases the GIL at every torch operation; a Python thread "
         "of the same process that keeps running takes it, and the engine waits up to the switch "
         "interval to get it back, hundreds of times a step. So the server runs its "
-        "simulations (the autopilot's twin) in a child process (`api/analysis.py`): the same "
-        "busy loop there costs the engine only its share of the cores.",
+        "simulations (what-ifs, the scorecard's predictions, the autopilot's twin) in a child "
+        "process (`api/analysis.py`): the same busy loop there costs the engine only its share "
+        "of the cores.",
     ]
     return "\n".join(lines)
 
