@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> dict[str, list[float]]:
     add_results_arguments(p)
     args = p.parse_args(argv)
     t0 = time.perf_counter()
-    ms = measure(1, 6) if args.quick else measure(args.rounds, TOKENS)
+    ms = measure(1, 3) if args.quick else measure(args.rounds, TOKENS)
     publish(SECTION, render(ms, argv, time.perf_counter() - t0), results_path(args))
     return ms
 

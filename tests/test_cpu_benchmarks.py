@@ -1,11 +1,12 @@
-"""Smoke tests: the forward, thread-count and decode-step benchmarks run end to end in their
-quick modes, and the peer benchmark's offline arm on a tiny checkpoint."""
+"""Smoke tests: the forward, thread-count, decode-step and GIL benchmarks run end to end in
+their quick modes, and the peer benchmark's offline arm on a tiny checkpoint."""
 
 from dataclasses import replace
 from pathlib import Path
 
 import decode_steps
 import forward  # benchmarks/ is on pytest's pythonpath
+import gil
 import peer_offline
 import pytest
 import threads
@@ -75,3 +76,12 @@ def test_batched_bench_rows_parse() -> None:
 |   128 |     64 |   32 |   6144 |    1.612 |  2540.94 |    1.472 |  1391.30 |    3.084 |  1992.22 |
 """
     assert decode_steps.parse_batched_bench(text, 64) == pytest.approx({1: 6.0, 32: 23.0})
+
+
+@pytest.mark.slow
+def test_gil_quick(tmp_path: Path) -> None:
+    results = tmp_path / "RESULTS.md"
+    out = gil.main(["--quick", "--results", str(results)])
+    assert set(out) == set(gil.ARMS)
+    assert all(len(ms) == 1 and ms[0] > 0 for ms in out.values())
+    assert "| busy Python in a child process (nice 10) |" in _published(results, gil.SECTION)
