@@ -108,29 +108,34 @@ def test_no_rows_gives_zeros() -> None:
     assert out.shape == x.shape and not out.any()
 
 
+CPU_ONLY = {
+    "torch": "torch grouped_mm on CUDA is bf16 only",
+    "onednn": "oneDNN is the CPU's",
+}
+# Triton on one shape only: test_fp32_matches_reference runs it on every shape
+BACKEND_CASES = [
+    ("triton", SHAPES[1]),
+    *[(b, shape) for b in ("loop", *CPU_ONLY) for shape in SHAPES],
+]
+
+
 @pytest.mark.parametrize(
-    "backend",
+    ("backend", "shape"),
     [
-        "triton",
-        "loop",
         pytest.param(
-            "torch",
+            b,
+            shape,
+            id=f"{b}-{shape}",
             marks=pytest.mark.skipif(
-                DEVICE.type == "cuda", reason="torch grouped_mm on CUDA is bf16 only"
+                b in CPU_ONLY and DEVICE.type == "cuda", reason=CPU_ONLY.get(b, "")
             ),
-        ),
-        pytest.param(
-            "onednn",
-            marks=pytest.mark.skipif(DEVICE.type == "cuda", reason="oneDNN is the CPU's"),
-        ),
+        )
+        for b, shape in BACKEND_CASES
     ],
 )
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_backends_agree(
     monkeypatch: pytest.MonkeyPatch, backend: str, shape: tuple[int, ...]
 ) -> None:
-    if backend == "triton" and shape != SHAPES[1]:
-        pytest.skip("test_fp32_matches_reference runs the Triton kernel on every shape")
     args = case(shape, torch.float32, seed=8)
     monkeypatch.setenv("MOESCOPE_MOE_BACKEND", backend)
     assert moe_backend(DEVICE, torch.float32) == backend
