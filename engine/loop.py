@@ -5,7 +5,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -293,7 +293,7 @@ class EngineLoop:
         elif isinstance(item, _KnobUpdate):
             self._update_knobs(item)
         elif isinstance(item, _Snapshot):
-            item.future.set_result(queue_snapshot(self.engine, item.since_version))
+            _settle(item.future, queue_snapshot(self.engine, item.since_version))
         else:
             self._add(item)
 
@@ -319,18 +319,18 @@ class EngineLoop:
                     raise InvalidInput(f"{name}: not a knob (pass it separately)", name)
             version = self.engine.update_knobs(item.origin, item.reason, **item.changes)
         except Exception as exc:  # noqa: BLE001 - handed to the caller through the future
-            item.future.set_exception(exc)
+            _settle(item.future, error=exc)
             return
         self.knobs = self.engine.latest_knobs
-        item.future.set_result(version)
+        _settle(item.future, version)
 
     def _rebalance(self, item: _Rebalance) -> None:
         try:
             summary = self.engine.rebalance(item.window, item.replicas, item.origin)
         except InvalidInput as exc:
-            item.future.set_exception(exc)
+            _settle(item.future, error=exc)
             return
-        item.future.set_result(summary)
+        _settle(item.future, summary)
 
     def _step(self) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -362,7 +362,7 @@ class EngineLoop:
             except queue.Empty:
                 break
             if isinstance(item, _KnobUpdate | _Rebalance | _Snapshot):
-                item.future.set_exception(EngineDead(message))
+                _settle(item.future, error=EngineDead(message))
             elif isinstance(item, _Add):
                 _call(item.on_output, _error_output(item.req.request_id, message))
         for request_id, on_output in list(self._streams.items()):
@@ -381,6 +381,19 @@ def _call(callback: OutputCallback, out: RequestOutput) -> bool:
         log.exception("output callback for %s failed", out.request_id)
         return False
     return True
+
+
+def _settle(future: Future[Any], value: Any = None, error: BaseException | None = None) -> None:
+    """Answer a command's future, unless its waiter gave up on it: asyncio.wrap_future cancels
+    a pending future when the awaiting task is cancelled (a client gone, the server stopping),
+    and setting it then would raise on the engine thread."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
+    except InvalidStateError:
+        pass
 
 
 def _error_output(request_id: str, message: str) -> RequestOutput:

@@ -184,3 +184,18 @@ def test_a_loop_built_on_its_thread_raises_the_builds_error_and_stops_unstarted(
     thread = loop._thread
     loop.stop()  # never started: its waiting thread ends
     assert not thread.is_alive() and not loop.alive
+
+
+def test_a_command_its_waiter_cancelled_leaves_the_loop_running(loop: EngineLoop) -> None:
+    """asyncio.wrap_future cancels a pending future when its task is cancelled (a client
+    gone, the server stopping); the engine thread must answer the rest as before."""
+    done = threading.Event()
+    params = SamplingParams(max_tokens=64, ignore_eos=True)
+    for _ in range(8):  # steps to wait behind, so that a cancel comes before the answer
+        loop.submit([1, 2, 3], params, lambda out: done.set() if out.finished else None)
+    cancelled = [f for f in (loop.snapshot() for _ in range(20)) if f.cancel()]
+    assert cancelled, "every snapshot was answered before its cancel"
+    loop.update_knobs({"max_num_seqs": 4}).cancel()  # (may lose the race: either way)
+    loop.snapshot().result(TIMEOUT)  # answered after the change: the inbox is in order
+    assert loop.knobs.max_num_seqs == 4  # applied all the same: the request was made
+    assert done.wait(TIMEOUT) and loop.alive
