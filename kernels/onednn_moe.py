@@ -13,8 +13,9 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-# id(weight) -> (the weight, its version and storage when packed, one packed matrix per expert)
-_packed: dict[int, tuple[weakref.ref[torch.Tensor], tuple[int, int], list[torch.Tensor]]] = {}
+# id(weight) -> (its version and storage when packed, one packed matrix per expert); a
+# weight's entry goes with it (weakref.finalize), before its id can be reused
+_packed: dict[int, tuple[tuple[int, int], list[torch.Tensor]]] = {}
 
 
 def available() -> bool:
@@ -26,13 +27,12 @@ def packed(w: torch.Tensor) -> list[torch.Tensor]:
     # an inference tensor keeps no version counter (and is written only in inference mode)
     stamp = (-1 if w.is_inference() else w._version, w.data_ptr())
     hit = _packed.get(id(w))
-    if hit is None or hit[0]() is not w or hit[1] != stamp:
-        if hit is None or hit[0]() is not w:
-            weakref.finalize(w, _packed.pop, id(w), None)
-        mats = [w[e].t().contiguous().to_mkldnn() for e in range(w.shape[0])]
-        hit = (weakref.ref(w), stamp, mats)
+    if hit is None:
+        weakref.finalize(w, _packed.pop, id(w), None)
+    if hit is None or hit[0] != stamp:
+        hit = (stamp, [w[e].t().contiguous().to_mkldnn() for e in range(w.shape[0])])
         _packed[id(w)] = hit
-    return hit[2]
+    return hit[1]
 
 
 def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

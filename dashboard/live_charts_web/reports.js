@@ -4,11 +4,11 @@
 // server is shown in its place, and asking goes on.
 
 import { decisionRows, measuring, sloFigure, stateLine } from "./autopilot.js";
+import { react } from "./draw.js";
 import { causeBars, headline, waterfall } from "./why_slow.js";
 
 const RETRY_MS = 5000; // a one-off report not read yet (unreachable, hidden) is asked again
 const PLOTLY_WAIT_MS = 100;
-const CONFIG = { displaylogo: false, responsive: true };
 
 /** GET `url` with the bearer `token`: {text} or {error, final} (final: the server refused,
  * asking again will not help a one-off report). */
@@ -37,17 +37,12 @@ function element(tag, className = "", text = "") {
   return el;
 }
 
-/** A chart's div, drawn with Plotly.react; it counts its draws (the tests read them). */
+/** A chart's div, drawn with `react` (draw.js), which counts its draws. */
 function chart(name) {
   const div = element("div", "chart");
   div.dataset.chart = name;
   div.dataset.draws = "0";
   return div;
-}
-
-function draw(div, { data, layout }) {
-  window.Plotly.react(div, data, layout, CONFIG);
-  div.dataset.draws = String(Number(div.dataset.draws) + 1);
 }
 
 function table(rows) {
@@ -82,9 +77,9 @@ class WhySlow {
     );
     this.figures.hidden = !report.requests;
     if (!report.requests) return;
-    draw(this.charts.ttft, causeBars(report, "ttft"));
-    draw(this.charts.tpot, causeBars(report, "tpot"));
-    draw(this.charts.waterfall, waterfall(report));
+    react(this.charts.ttft, causeBars(report, "ttft"));
+    react(this.charts.tpot, causeBars(report, "tpot"));
+    react(this.charts.waterfall, waterfall(report));
   }
 }
 
@@ -104,7 +99,7 @@ class Autopilot {
     this.state.textContent = stateLine(status);
     this.figures.hidden = !measuring(status);
     if (this.figures.hidden) return;
-    draw(this.slo, sloFigure(status));
+    react(this.slo, sloFigure(status));
     const rows = decisionRows(status);
     this.decisions.replaceChildren(...(rows.length ? [table(rows)] : []));
   }
