@@ -28,10 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import machine  # noqa: E402
+from decode_steps import ours_decode_ms  # noqa: E402
 from results_md import add_results_arguments, header, publish, results_path  # noqa: E402
 
 from engine.engine import LLMEngine  # noqa: E402
-from engine.sampling_params import SamplingParams  # noqa: E402
 
 SECTION = "gil"
 BATCH, PROMPT, TOKENS = 16, 64, 32
@@ -88,29 +88,15 @@ ARMS: dict[str, Callable[[], AbstractContextManager[None]]] = {
 }
 
 
-def decode_ms(engine: LLMEngine, tokens: int) -> float:
-    """Median ms of the steps in which all BATCH sequences decode."""
-    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
-    for i in range(BATCH):
-        engine.add_request([1 + (i * 7 + j) % 500 for j in range(PROMPT)], params)
-    times = []
-    while engine.has_unfinished():
-        t0 = time.perf_counter()
-        batch = engine.step().telemetry.batch
-        if batch.num_prefill_tokens == 0 and len(batch.slots) == BATCH:
-            times.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(times)
-
-
 def measure(rounds: int, tokens: int) -> dict[str, list[float]]:
     engine = LLMEngine(model="synthetic:small", threads=1, max_num_seqs=BATCH)
-    decode_ms(engine, 4)  # warm-up
+    ours_decode_ms(engine, BATCH, PROMPT, 4)  # warm-up
     out: dict[str, list[float]] = {name: [] for name in ARMS}
     for r in range(rounds):
         names = list(ARMS)
         for name in names[r % len(names) :] + names[: r % len(names)]:
             with ARMS[name]():
-                out[name].append(decode_ms(engine, tokens))
+                out[name].append(ours_decode_ms(engine, BATCH, PROMPT, tokens))
             print(f"round {r + 1}: {name}: {out[name][-1]:.1f} ms", flush=True)
     return out
 
