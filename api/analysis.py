@@ -8,6 +8,7 @@ autopilot's twin) is such a thread for seconds at a time, so they run here inste
 priority, in a process started on first use.
 """
 
+import importlib
 import multiprocessing
 import os
 from collections.abc import Callable
@@ -18,24 +19,34 @@ T = TypeVar("T")
 NICE = 10  # as the autopilot's thread was: the engine first, but not starved
 
 
-def _low_priority() -> None:
+def _start(preload: tuple[str, ...]) -> None:
+    """Import at normal priority, then lower it: at nice 10 the imports (torch among them)
+    took 40 s and more while the engine and another process kept both cores busy."""
+    for module in preload:
+        importlib.import_module(module)
     os.nice(NICE)
 
 
 class Analysis:
     """One worker process, started on the first `submit` (spawned: forking a process that
-    runs threads and OpenMP is unsafe)."""
+    runs threads and OpenMP is unsafe), with the `preload` modules (those of the functions
+    it will run) imported first."""
 
-    def __init__(self) -> None:
+    def __init__(self, preload: tuple[str, ...]) -> None:
+        self.preload = preload
         self._pool: ProcessPoolExecutor | None = None
 
     def submit(self, fn: Callable[..., T], *args: Any) -> "Future[T]":
         """`fn(*args)` in the worker; `fn` and the arguments must pickle."""
         if self._pool is None:
             spawn = multiprocessing.get_context("spawn")
-            self._pool = ProcessPoolExecutor(1, mp_context=spawn, initializer=_low_priority)
+            self._pool = ProcessPoolExecutor(
+                1, mp_context=spawn, initializer=_start, initargs=(self.preload,)
+            )
         return self._pool.submit(fn, *args)
 
     def close(self) -> None:
+        """Drop what has not started and wait for the worker to end (without the wait, the
+        interpreter's exit wrote a traceback from the pool's closed pipe)."""
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown(wait=True, cancel_futures=True)

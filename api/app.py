@@ -44,7 +44,8 @@ def create_app(engine_loop: EngineLoop, settings: ServerSettings | None = None) 
     settings = settings or ServerSettings()
     store, recorder = open_storage(engine_loop, settings)
     window = LiveWindow(engine_loop, keep_s=max(ARRIVAL_WINDOW_S, settings.whatif_horizon_s) + 10)
-    analysis = Analysis()  # the server's simulations, off its GIL
+    # the server's simulations, off its GIL; the modules of the functions it runs
+    analysis = Analysis(preload=("api.twins", "api.autopilot_runner"))
     twins = Twins(engine_loop, window, store, analysis)
     scorecard = Scorecard(twins, window, engine_loop.engine.session, settings.whatif_horizon_s)
     pilot = AutopilotRunner(engine_loop, window, settings.autopilot, analysis)
@@ -72,7 +73,7 @@ def create_app(engine_loop: EngineLoop, settings: ServerSettings | None = None) 
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await scorecard.close()
-            analysis.close()
+            await asyncio.to_thread(analysis.close)
             if recorder is not None:
                 await asyncio.to_thread(recorder.close)
             if store is not None:
