@@ -11,17 +11,29 @@ priority, in a process started on first use.
 import importlib
 import multiprocessing
 import os
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 NICE = 10  # as the autopilot's thread was: the engine first, but not starved
+PARENT_CHECK_S = 1.0
+
+
+def _exit_with(parent: int) -> None:
+    """End this worker once `parent` is gone: a pool's worker waits on a pipe it holds both
+    ends of, so a server killed outright left it running forever."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_CHECK_S)
+    os._exit(0)
 
 
 def _start(preload: tuple[str, ...]) -> None:
     """Import at normal priority, then lower it: at nice 10 the imports (torch among them)
     took 40 s and more while the engine and another process kept both cores busy."""
+    threading.Thread(target=_exit_with, args=(os.getppid(),), daemon=True).start()
     for module in preload:
         importlib.import_module(module)
     os.nice(NICE)
