@@ -54,7 +54,6 @@ class AutopilotRunner:
         self.window = window
         self.pilot = Autopilot(settings)
         self._lock = threading.Lock()
-        self._generation = 0  # bumped by every configure and person's change
         self._executor = ThreadPoolExecutor(1, "autopilot", initializer=_low_priority)
         self._analysis = analysis
         self.cpu_s = 0.0  # the worker's and the analysis process's CPU time over every tick
@@ -66,14 +65,12 @@ class AutopilotRunner:
 
     def configure(self, settings: AutopilotSettings) -> None:
         with self._lock:
-            self._generation += 1
             self.pilot.configure(settings)
 
     def knob_changed(self, change: dict[str, Any], t: float) -> None:
         """A LiveWindow hook: a change someone else made pauses the autopilot."""
         if change["origin"] != ORIGIN:
             with self._lock:
-                self._generation += 1
                 self.pilot.person_changed(t, change["origin"])
 
     def status(self, history: int = 0) -> dict[str, Any]:
@@ -137,18 +134,13 @@ class AutopilotRunner:
                 return trials
 
             with self._lock:
-                generation = self._generation
-                decision = self.pilot.tick(
+                return self.pilot.tick(
                     snapshot.t,
                     snapshot.knobs,
                     view.records,
                     lambda: _attribution(view, s.observe_s),
                     self._unlocked(twin_trials),
                 )
-                if decision is not None and generation != self._generation:
-                    self.pilot.pending = None  # settings or a person's change came meanwhile
-                    return None
-                return decision
         finally:
             self.cpu_s += time.thread_time() - cpu0
             self.ticks += 1

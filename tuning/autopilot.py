@@ -98,9 +98,12 @@ class Autopilot:
         self.paused_until = float("-inf")
         self.backoff = 1.0
         self.banned: dict[tuple[str, int], float] = {}
+        # bumped by configure and a person's change, which may come while the twin runs
+        self.generation = 0
 
     def configure(self, settings: AutopilotSettings) -> None:
         self.settings = settings
+        self.generation += 1
         if not settings.enabled:
             self.state, self.note, self.pending = "off", "", None
         elif self.state == "off":
@@ -110,6 +113,7 @@ class Autopilot:
         """A change someone else made: pause, and never judge or undo it as ours."""
         if not self.settings.enabled:
             return
+        self.generation += 1
         self.paused_until = t + self.settings.pause_s
         self.pending = None
         self.state = "paused"
@@ -195,11 +199,15 @@ class Autopilot:
         if not candidates:
             self.state, self.note = "holding", "no move left within the bounds"
             return None
+        generation = self.generation
         try:
             trials = evaluate([{}] + [c for c, _ in candidates])
         except InvalidInput as exc:
-            self.state, self.note = "waiting", str(exc)
+            if generation == self.generation:
+                self.state, self.note = "waiting", str(exc)
             return None
+        if generation != self.generation:
+            return None  # new settings or a person's change came while the twin ran: they stand
         current, rest = trials[0], trials[1:]
         if current.outcome is None:
             self.state, self.note = "waiting", current.refused or "the twin cannot run"

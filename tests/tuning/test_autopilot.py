@@ -206,6 +206,29 @@ def test_a_refused_change_is_recorded_and_it_keeps_going() -> None:
     assert pilot.tick(101.0, knobs, recent, no_attribution, fixed(0.0, 0.9)) is not None
 
 
+def test_settings_or_a_persons_change_while_the_twin_runs_stand() -> None:
+    """The server lets go of the pilot while the twin runs; what came meanwhile is not
+    overwritten by the look's outcome, and the look applies nothing."""
+    recent = [record(95 + 0.4 * i, 900.0) for i in range(10)]
+    pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50))
+
+    def switched_off(changes: list[dict[str, Any]]) -> list[Trial]:
+        pilot.configure(AutopilotSettings())
+        return fixed(0.0, 0.9)(changes)
+
+    assert pilot.tick(100.0, Knobs(max_num_seqs=8), recent, no_attribution, switched_off) is None
+    assert pilot.state == "off" and pilot.pending is None
+
+    pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50))
+
+    def person(changes: list[dict[str, Any]]) -> list[Trial]:
+        pilot.person_changed(100.0, "dashboard")
+        return fixed(0.9, 0.9)(changes)  # nothing to gain: the look would say "holding"
+
+    assert pilot.tick(100.0, Knobs(max_num_seqs=8), recent, no_attribution, person) is None
+    assert pilot.state == "paused" and pilot.pending is None
+
+
 def test_too_few_steps_for_the_twin_waits_and_says_so() -> None:
     pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50))
     recent = [record(95 + 0.4 * i, 900.0) for i in range(10)]
