@@ -140,6 +140,7 @@ class AutopilotRunner:
                     view.records,
                     lambda: _attribution(view, s.observe_s),
                     self._unlocked(twin_trials),
+                    [q.arrival for q in snapshot.requests if not q.generated],
                 )
         finally:
             self.cpu_s += time.thread_time() - cpu0

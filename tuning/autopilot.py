@@ -5,7 +5,7 @@ decides (`applied` / `refused` tell it how that went)."""
 
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -35,7 +35,8 @@ Attribution = Callable[[], dict[str, Any] | None]
 
 @dataclass
 class Measured:
-    """Requests that ended in a window: how many, p90 TTFT and TPOT, SLO attainment."""
+    """Requests that ended in a window, and those still waiting for a first token that
+    already missed the TTFT target: how many, p90 TTFT and TPOT, SLO attainment."""
 
     requests: int
     ttft_p90_ms: float | None
@@ -43,10 +44,16 @@ class Measured:
     attainment: float | None
 
     @classmethod
-    def of(cls, records: list[dict[str, Any]], slo: stats.SLO) -> "Measured":
+    def of(
+        cls, records: list[dict[str, Any]], slo: stats.SLO, late_ms: Sequence[float] = ()
+    ) -> "Measured":
+        """`late_ms`: the waits so far of the requests without a first token past the TTFT
+        target: certain misses, each TTFT at least its wait. A queue that builds shows in
+        them seconds before its requests end."""
         pairs = [(r["ttft_ms"], request_tpot_ms(r)) for r in records]
+        pairs += [(wait, None) for wait in late_ms]
         return cls(
-            len(records),
+            len(pairs),
             stats.percentile([t for t, _ in pairs if t is not None], 90),
             stats.percentile([p for _, p in pairs if p is not None], 90),
             stats.slo_attainment(pairs, slo),
@@ -129,15 +136,18 @@ class Autopilot:
         recent: list[dict[str, Any]],
         attribution: Attribution,
         evaluate: Evaluate,
+        unstarted: Sequence[float] = (),
     ) -> Decision | None:
         """What to do now; `recent` are the RequestRecords that ended lately (at least since
-        the pending change), `attribution` gives the `summarize` of them (or None), asked only
-        when the twin is. A change or a rollback is for the caller to apply; None means
-        hold."""
+        the pending change), `unstarted` the arrival times of the requests in the engine
+        without a first token yet, `attribution` gives the `summarize` of the ended ones (or
+        None), asked only when the twin is. A change or a rollback is for the caller to
+        apply; None means hold."""
         s = self.settings
         if not s.enabled:
             return None
-        now = Measured.of([r for r in recent if r["finished_t"] >= t - s.observe_s], s.slo)
+        ended = [r for r in recent if r["finished_t"] >= t - s.observe_s]
+        now = Measured.of(ended, s.slo, self._late(t, unstarted))
         self.history.append((t, now))
         if t < self.paused_until:
             return None
@@ -147,7 +157,7 @@ class Autopilot:
             if t < self.pending.t + s.observe_s:
                 self.state, self.note = "adjusting", "measuring the last change"
                 return None
-            rollback = self._judge(t, recent)
+            rollback = self._judge(t, recent, unstarted)
             if rollback is not None or self.pending is not None:
                 return rollback
         if t - self.last_change_t < s.min_gap_s * self.backoff:
@@ -166,6 +176,12 @@ class Autopilot:
         decision = self._choose(t, knobs, now, violated, attribution(), evaluate)
         self.fruitless_looks = 0 if decision is not None else self.fruitless_looks + 1
         return decision
+
+    def _late(self, t: float, arrivals: Sequence[float]) -> list[float]:
+        """The waits (ms) of those of `arrivals`, without a first token at `t`, that are past
+        the TTFT target."""
+        waits = (1000 * (t - a) for a in arrivals)
+        return [w for w in waits if w > self.settings.ttft_p90_ms]
 
     def _look_gap(self, violated: bool) -> float:
         """Seconds between looks: explore_s while every target is met; look_s while one is
@@ -233,7 +249,9 @@ class Autopilot:
         self.pending = Pending(t, decision, now, move, current.slo_attainment)
         return decision
 
-    def _judge(self, t: float, recent: list[dict[str, Any]]) -> Decision | None:
+    def _judge(
+        self, t: float, recent: list[dict[str, Any]], unstarted: Sequence[float]
+    ) -> Decision | None:
         """Roll the pending change back if attainment fell since it, below what was measured
         before it and below what the twin predicted for the knobs unchanged (under a rising
         load attainment falls whatever the knobs; that fall is not the change's doing), else
@@ -241,7 +259,11 @@ class Autopilot:
         pending = self.pending
         assert pending is not None
         # requests that arrived after the change ran wholly under it
-        after = Measured.of([r for r in recent if r["arrival"] >= pending.t], self.settings.slo)
+        after = Measured.of(
+            [r for r in recent if r["arrival"] >= pending.t],
+            self.settings.slo,
+            self._late(t, [a for a in unstarted if a >= pending.t]),
+        )
         before = pending.before.attainment
         if after.requests < MIN_REQUESTS and t < pending.t + JUDGE_WITHIN * self.settings.observe_s:
             self.state, self.note = "adjusting", "waiting for requests to judge the last change"

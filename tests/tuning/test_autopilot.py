@@ -11,7 +11,7 @@ from engine.errors import InvalidInput
 from engine.knobs import Knobs
 from tuning.attribution import attribute
 from tuning.attribution_summary import summarize
-from tuning.autopilot import Autopilot, Decision
+from tuning.autopilot import MIN_REQUESTS, Autopilot, Decision
 from tuning.autopilot_settings import AutopilotSettings, parse_targets
 from tuning.simulator import simulate
 from tuning.trace import TraceItem
@@ -115,6 +115,27 @@ def record(arrival: float, ttft_ms: float) -> dict[str, Any]:
         "e2e_ms": ttft_ms + 100.0,
         "output_len": 11,
     }
+
+
+def test_a_queue_past_the_ttft_target_is_a_miss_before_its_requests_end() -> None:
+    """Nothing ended lately; seven requests wait without a first token, five of them longer
+    than the target: the pilot counts those five as misses at once and acts on them."""
+    pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50))
+    waiting = [98.0, 98.5, 99.0, 99.2, 99.4, 99.7, 99.9]  # waits 2000 ... 100 ms at t=100
+    looked: list[dict[str, Any]] = []
+
+    def twin(changes: list[dict[str, Any]]) -> list[Trial]:
+        looked.extend(changes)
+        return fixed(0.0, 0.9)(changes)
+
+    assert pilot.tick(100.0, Knobs(), [], no_attribution, twin, waiting[:4]) is None
+    assert pilot.note == f"fewer than {MIN_REQUESTS} requests ended lately" and not looked
+    decision = pilot.tick(100.0, Knobs(), [], no_attribution, twin, waiting)
+    assert looked and decision is not None and decision.action == "change"
+    now = pilot.history[-1][1]
+    assert (now.requests, now.attainment) == (5, 0.0)  # the two under 500 ms are not yet known
+    assert now.ttft_p90_ms is not None and now.ttft_p90_ms > 1000
+    assert decision.reason.startswith("p90 TTFT")
 
 
 def test_a_change_that_makes_attainment_worse_is_rolled_back_and_backed_off() -> None:
