@@ -184,13 +184,13 @@ class Autopilot:
         return [w for w in waits if w > self.settings.ttft_p90_ms]
 
     def _look_gap(self, violated: bool) -> float:
-        """Seconds between looks: explore_s while every target is met; look_s while one is
-        missed, doubled after each look that found nothing to do about the same misses (the
-        twin is most of the CPU the autopilot costs), up to MAX_LOOK_BACKOFF times."""
+        """Seconds between looks: look_s while a target is missed, explore_s while every one
+        is met; doubled after each look that found nothing to do about the same misses (or
+        the same met targets), up to MAX_LOOK_BACKOFF times: the twin is most of the CPU the
+        autopilot costs."""
         s = self.settings
-        if not violated:
-            return s.explore_s
-        return s.look_s * min(MAX_LOOK_BACKOFF, 2**self.fruitless_looks)
+        base = s.look_s if violated else s.explore_s
+        return base * min(MAX_LOOK_BACKOFF, 2**self.fruitless_looks)
 
     def _violated(self, m: Measured) -> dict[str, str]:
         """The targets missed, by metric ("ttft", "tpot"), in words."""

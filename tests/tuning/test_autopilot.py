@@ -203,6 +203,21 @@ def test_looks_that_find_nothing_space_out_until_the_misses_change() -> None:
     assert looks[4:] == [160, 170]
 
 
+def test_looks_while_the_targets_hold_space_out_too() -> None:
+    pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50, explore_s=10.0, min_gap_s=0.0))
+    knobs = Knobs(max_num_seqs=8)
+    looks: list[float] = []
+
+    def nothing_better(changes: list[dict[str, Any]]) -> list[Trial]:
+        looks.append(t)
+        return fixed(1.0, 1.0)(changes)
+
+    for t in range(100, 260):
+        met = [record(t - 5 + 0.4 * i, 100.0) for i in range(10)]
+        assert pilot.tick(float(t), knobs, met, no_attribution, nothing_better) is None
+    assert looks == [100, 120, 160, 200, 240]  # gaps 2x, then 4x explore_s: no more
+
+
 def test_a_persons_change_pauses_it_and_it_resumes_after() -> None:
     pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50, pause_s=30.0))
     knobs = Knobs(max_num_seqs=8)
