@@ -14,7 +14,10 @@ class ExpertDraw:
     sees exactly the recorded loads and drops. Real loads are far more concentrated than
     independent per-token draws by popularity: tokens of one prompt, and a decoding sequence
     step after step, route alike. A size the recording never ran draws its tokens by the
-    shares of the recorded step nearest in size, so that concentration carries over."""
+    shares of the recorded step nearest in size, so that concentration carries over. That
+    draw is kept for the same size after the same recorded step: the twin's runs under
+    different knobs (each after `reseed`) see the same loads without drawing them again,
+    and drawing was half a live twin's CPU."""
 
     def __init__(self, steps: list[dict[str, Any]], seed: int = 0) -> None:
         self.top_k = int(steps[0]["experts"]["top_k"])
@@ -29,6 +32,7 @@ class ExpertDraw:
         total = np.sum([c for same in self.by_size.values() for c in same], axis=0)
         self.popularity = total / total.sum(axis=1, keepdims=True)
         self.seed = seed
+        self.drawn: dict[tuple[int, int, int], np.ndarray] = {}
         self.reseed()
 
     @property
@@ -45,14 +49,18 @@ class ExpertDraw:
     def draw(self, tokens: int) -> np.ndarray:
         """Routed pairs [layers, experts] for a step of `tokens` tokens."""
         if tokens in self.by_size:
-            return self._next(tokens)
-        return self._sample(tokens, self._next(self._nearest(tokens)))
+            return self.by_size[tokens][self._next(tokens)]
+        size = self._nearest(tokens)
+        i = self._next(size)
+        key = (tokens, size, i)
+        if key not in self.drawn:
+            self.drawn[key] = self._sample(tokens, self.by_size[size][i])
+        return self.drawn[key]
 
-    def _next(self, size: int) -> np.ndarray:
-        """The recorded steps of `size` tokens in turn, in recorded order."""
-        same = self.by_size[size]
+    def _next(self, size: int) -> int:
+        """The index of the next of the recorded steps of `size` tokens, in recorded order."""
         self.used[size] += 1
-        return same[(self.used[size] - 1) % len(same)]
+        return (self.used[size] - 1) % len(self.by_size[size])
 
     def _nearest(self, tokens: int) -> int:
         """The recorded size nearest to `tokens` by ratio."""
