@@ -15,9 +15,9 @@ class ExpertDraw:
     independent per-token draws by popularity: tokens of one prompt, and a decoding sequence
     step after step, route alike. A size the recording never ran draws its tokens by the
     shares of the recorded step nearest in size, so that concentration carries over. That
-    draw is kept for the same size after the same recorded step: the twin's runs under
-    different knobs (each after `reseed`) see the same loads without drawing them again,
-    and drawing was half a live twin's CPU."""
+    draw is seeded by the size and the recorded step alone and kept: a run's loads do not
+    depend on the runs before it, and the twin's runs under other knobs reuse the draws
+    (drawing was half a live twin's CPU)."""
 
     def __init__(self, steps: list[dict[str, Any]], seed: int = 0) -> None:
         self.top_k = int(steps[0]["experts"]["top_k"])
@@ -33,7 +33,7 @@ class ExpertDraw:
         self.popularity = total / total.sum(axis=1, keepdims=True)
         self.seed = seed
         self.drawn: dict[tuple[int, int, int], np.ndarray] = {}
-        self.reseed()
+        self.restart()
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -41,9 +41,9 @@ class ExpertDraw:
         layers, experts = self.popularity.shape
         return layers, experts
 
-    def reseed(self) -> None:
-        """Start the draws again, so that runs under different knobs see the same loads."""
-        self.rng = np.random.default_rng(self.seed)
+    def restart(self) -> None:
+        """Replay the recorded steps from the first again, so that runs under different knobs
+        see the same loads."""
         self.used = dict.fromkeys(self.sizes, 0)
 
     def draw(self, tokens: int) -> np.ndarray:
@@ -54,7 +54,8 @@ class ExpertDraw:
         i = self._next(size)
         key = (tokens, size, i)
         if key not in self.drawn:
-            self.drawn[key] = self._sample(tokens, self.by_size[size][i])
+            rng = np.random.default_rng((self.seed, *key))
+            self.drawn[key] = self._sample(tokens, self.by_size[size][i], rng)
         return self.drawn[key]
 
     def _next(self, size: int) -> int:
@@ -68,14 +69,14 @@ class ExpertDraw:
         near = [self.sizes[j] for j in (i - 1, i) if 0 <= j < len(self.sizes)]
         return min(near, key=lambda m: abs(np.log(tokens / m)))
 
-    def _sample(self, tokens: int, like: np.ndarray) -> np.ndarray:
+    def _sample(self, tokens: int, like: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Each token picks top_k distinct experts per layer by `like`'s shares (the Gumbel
         top-k trick draws k without replacement in one pass); a little of the whole
         recording's popularity keeps every expert it saw drawable."""
         shares = like / like.sum(axis=1, keepdims=True)
         log_p = np.log(0.9 * shares + 0.1 * self.popularity + 1e-12)
         layers, experts = self.shape
-        keys = log_p[:, None, :] + self.rng.gumbel(size=(layers, tokens, experts))
+        keys = log_p[:, None, :] + rng.gumbel(size=(layers, tokens, experts))
         chosen = np.argpartition(-keys, self.top_k - 1, axis=2)[:, :, : self.top_k]
         out = np.zeros((layers, experts), dtype=np.int64)
         np.add.at(out, (np.arange(layers)[:, None, None], chosen), 1)

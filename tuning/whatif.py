@@ -36,7 +36,7 @@ class Twin:
     def run(
         self, knobs: Knobs, horizon_s: float | None = None, keep_steps: bool = False
     ) -> SimResult:
-        self.experts.reseed()  # runs then differ by their knobs, not by the draw
+        self.experts.restart()  # runs then differ by their knobs, not by the draw
         return simulate(
             self.trace, knobs, self.setup, self.model, self.experts, horizon_s, keep_steps
         )

@@ -15,7 +15,7 @@ def test_a_recorded_size_replays_its_steps_in_order() -> None:
     a, b = [[4, 0, 2, 0]], [[3, 3, 0, 0]]
     draw = ExpertDraw([step(a), step([[1, 1, 0, 0]]), step(b)])
     assert [draw.draw(3).tolist() for _ in range(3)] == [a, b, a]
-    draw.reseed()
+    draw.restart()
     assert draw.draw(3).tolist() == a
 
 
@@ -32,9 +32,10 @@ def test_an_unseen_size_keeps_the_nearest_steps_concentration() -> None:
 
 
 def test_an_unseen_size_draws_alike_in_each_run_whatever_came_before() -> None:
-    """After `reseed` (a run under other knobs) an unseen size after the same recorded step
-    gets the same loads, though other sizes came in another order; within a run the next
-    step of that size follows the next recorded step of the nearest size."""
+    """After `restart` (a run under other knobs) an unseen size after the same recorded step
+    gets the same loads, though other sizes came in another order, and so does a fresh
+    draw with the same seed; within a run the next step of that size follows the next
+    recorded step of the nearest size."""
     a = [[5, 1, 0, 0], [0, 0, 3, 3]]
     b = [[0, 0, 1, 5], [3, 3, 0, 0]]
     c = [[10, 0, 10, 0], [0, 10, 0, 10]]
@@ -43,9 +44,11 @@ def test_an_unseen_size_draws_alike_in_each_run_whatever_came_before() -> None:
     assert small[0, :2].sum() > small[0, 2:].sum()  # like a
     like_b = draw.draw(5)
     assert like_b[0, 2:].sum() > like_b[0, :2].sum()
-    draw.reseed()
+    draw.restart()
     assert draw.draw(40).tolist() == large.tolist()
     assert draw.draw(5).tolist() == small.tolist()
+    fresh = ExpertDraw([step(a), step(b), step(c)])
+    assert fresh.draw(40).tolist() == large.tolist()
 
 
 def test_no_routed_token_is_refused() -> None:
