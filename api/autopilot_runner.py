@@ -7,13 +7,13 @@ operation) and applies its choice through `update_knobs(origin="autopilot", reas
 import asyncio
 import contextlib
 import os
+import pickle
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import stats
 from api.analysis import Analysis
 from api.control import engine_description
 from api.live_attribution import live_report
@@ -129,7 +129,10 @@ class AutopilotRunner:
 
             def twin_trials(changes: list[dict[str, Any]]) -> list[Trial]:
                 args = (config, steps, view.records, snapshot, window_s, s.horizon_s, s.slo)
-                trials, cpu_s = self._analysis.submit(live_trials, *args, changes).result()
+                # pickled here, so that this thread's CPU time counts it: the pool's feeder
+                # thread would do it unseen, on the server's GIL all the same
+                payload = pickle.dumps((*args, changes))
+                trials, cpu_s = self._analysis.submit(live_trials, payload).result()
                 self.cpu_s += cpu_s
                 return trials
 
@@ -180,19 +183,12 @@ class AutopilotRunner:
             self.pilot.applied(decision, version)
 
 
-def live_trials(
-    config: dict[str, Any],
-    steps: list[dict[str, Any]],
-    records: list[dict[str, Any]],
-    snapshot: QueueSnapshot,
-    window_s: float,
-    horizon_s: float,
-    slo: stats.SLO,
-    changes: list[dict[str, Any]],
-) -> tuple[list[Trial], float]:
-    """In the analysis process: the live twin's trial of each of `changes`, and the CPU
-    seconds they took."""
+def live_trials(payload: bytes) -> tuple[list[Trial], float]:
+    """In the analysis process: the live twin's trial of each of the changes in `payload`
+    (pickled arguments of `twin_trials`), and the CPU seconds they took, unpickling
+    included."""
     cpu0 = time.process_time()
+    config, steps, records, snapshot, window_s, horizon_s, slo, changes = pickle.loads(payload)
     twin, _ = twin_from_live(config, steps, records, snapshot, window_s, horizon_s)
     trials = [evaluate(twin, c, slo, horizon_s) for c in changes]
     return trials, time.process_time() - cpu0

@@ -26,11 +26,14 @@ BAN_S = 120.0  # a rolled-back move is not tried again for this long
 MAX_BACKOFF = 8  # the gap between changes grows up to this many times after rollbacks
 JUDGE_WITHIN = 3  # observe_s periods to wait for enough requests to judge a change
 MAX_LOOK_BACKOFF = 4  # fruitless looks at the same misses space the next out up to this many times
+REVERSE_S = 60.0  # undoing its own change this soon after it needs REVERSE_GAIN times the gain
+REVERSE_GAIN = 2.0
 
 State = Literal["off", "waiting", "holding", "adjusting", "rolled back", "paused"]
 Action = Literal["change", "rollback", "hold"]
 Evaluate = Callable[[list[dict[str, Any]]], list[Trial]]
 Attribution = Callable[[], dict[str, Any] | None]
+Scored = tuple[float, float, Trial, tuple[str, int]]  # predicted gain, the gain needed, trial, move
 
 
 @dataclass
@@ -105,6 +108,7 @@ class Autopilot:
         self.paused_until = float("-inf")
         self.backoff = 1.0
         self.banned: dict[tuple[str, int], float] = {}
+        self.last_moves: dict[str, tuple[int, float]] = {}  # knob -> (direction, t) of our last
         # bumped by configure and a person's change, which may come while the twin runs
         self.generation = 0
 
@@ -228,26 +232,52 @@ class Autopilot:
         if current.outcome is None:
             self.state, self.note = "waiting", current.refused or "the twin cannot run"
             return None
-        scored = [(self.score(tr), tr, m) for tr, (_, m) in zip(rest, candidates, strict=True)]
-        scored = [x for x in scored if x[1].outcome is not None]
-        need = self.settings.gain * (1 if violated else 2)  # hysteresis: a met target holds
+        # nothing attains under any candidate: a lower p90 that still misses gains nothing, but
+        # a queue that drains sooner lets the requests after it attain
+        hopeless = not current.slo_attainment and not any(tr.slo_attainment for tr in rest)
+        base = self.score(current, excess=not hopeless)
+        scored: list[Scored] = [
+            (self.score(tr, excess=not hopeless) - base, self._need(m, t, bool(violated)), tr, m)
+            for tr, (_, m) in zip(rest, candidates, strict=True)
+            if tr.outcome is not None
+        ]
         if not scored:
             self.state, self.note = "holding", "the twin refused every candidate"
             return None
-        score, best, move = max(scored, key=lambda x: x[0])
-        if score - self.score(current) < need:
-            self.state = "holding"
-            self.note = (
-                f"no candidate predicted to gain {need:.2f} in score "
-                f"(best {score - self.score(current):+.3f})"
-            )
+        cleared = [x for x in scored if x[0] >= x[1]]
+        if not cleared:
+            self.state, self.note = "holding", self._no_gain(t, scored, hopeless)
             return None
+        _, _, best, move = max(cleared, key=lambda x: x[0])
         old = knobs.model_dump()
         changes = {k: [old[k], v] for k, v in best.changes.items()}
         reason = change_reason(violated, attribution, changes, current, best)
         decision = Decision(t, "change", reason, changes, predicted=prediction(best))
         self.pending = Pending(t, decision, now, move, current.slo_attainment)
         return decision
+
+    def _need(self, move: tuple[str, int], t: float, violated: bool) -> float:
+        """The predicted score gain a move must clear: `gain`, twice that while every target is
+        met, and REVERSE_GAIN times more for undoing our own change of the last REVERSE_S."""
+        need = self.settings.gain * (1 if violated else 2)
+        return need * REVERSE_GAIN if self._reverses(move, t) else need
+
+    def _reverses(self, move: tuple[str, int], t: float) -> bool:
+        last = self.last_moves.get(move[0])
+        return last is not None and last[0] == -move[1] and t - last[1] < REVERSE_S
+
+    def _no_gain(self, t: float, scored: list[Scored], hopeless: bool) -> str:
+        """Why no candidate cleared its need, in words."""
+        gain, need, _, move = max(scored, key=lambda x: x[0] - x[1])
+        text = f"no candidate predicted to gain {need:.2f} in score (best {gain:+.3f})"
+        if self._reverses(move, t):
+            text += f"; undoing its own {move[0]} change so soon needs {REVERSE_GAIN:g}x the gain"
+        if hopeless:
+            text = (
+                "the twin predicts no request meets both targets under any candidate: only a "
+                f"faster-draining queue would justify a change; {text}"
+            )
+        return text
 
     def _judge(
         self, t: float, recent: list[dict[str, Any]], unstarted: Sequence[float]
@@ -288,25 +318,25 @@ class Autopilot:
         self.state, self.note = "rolled back", reason
         return Decision(t, "rollback", reason, undo)
 
-    def score(self, trial: Trial) -> float:
+    def score(self, trial: Trial, excess: bool = True) -> float:
         """SLO attainment, plus goodput by its weight, less EXCESS_WEIGHT for each e-fold a
-        predicted p90 lies above its target and BACKLOG_WEIGHT times the share of requests
-        still waiting at the horizon: when every request already misses (a queue waited too
-        long), attainment alone cannot tell a setting that drains it faster."""
+        predicted p90 lies above its target (unless not `excess`) and BACKLOG_WEIGHT times the
+        share of requests still waiting at the horizon: when every request already misses (a
+        queue waited too long), attainment alone cannot tell a setting that drains it faster."""
         s, out = self.settings, trial.outcome or {}
-        excess = sum(
+        over = sum(
             math.log(p90 / target)
             for p90, target in (
                 (out.get("ttft_p90_ms"), s.ttft_p90_ms),
                 (out.get("tpot_p90_ms"), s.tpot_p90_ms),
             )
-            if p90 is not None and p90 > target
+            if excess and p90 is not None and p90 > target
         )
         total = len(out.get("latencies_ms", [])) + out.get("unfinished", 0)
         backlog = out.get("queue_at_end", 0) / total if total else 0.0
         attainment = trial.slo_attainment or 0.0
         goodput = s.goodput_weight * (trial.goodput_rps or 0.0)
-        return attainment + goodput - EXCESS_WEIGHT * excess - BACKLOG_WEIGHT * backlog
+        return attainment + goodput - EXCESS_WEIGHT * over - BACKLOG_WEIGHT * backlog
 
     def applied(self, decision: Decision, version: int) -> None:
         decision.version = version
@@ -314,6 +344,9 @@ class Autopilot:
         self.last_change_t = decision.t
         if decision.action == "change":
             self.state, self.note = "adjusting", decision.reason
+            if self.pending is not None and self.pending.move is not None:
+                knob, direction = self.pending.move
+                self.last_moves[knob] = (direction, decision.t)
 
     def refused(self, decision: Decision, message: str) -> None:
         """The engine refused the change: record it and keep going."""

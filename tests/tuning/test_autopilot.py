@@ -11,7 +11,7 @@ from engine.errors import InvalidInput
 from engine.knobs import Knobs
 from tuning.attribution import attribute
 from tuning.attribution_summary import summarize
-from tuning.autopilot import MIN_REQUESTS, Autopilot, Decision
+from tuning.autopilot import MIN_REQUESTS, REVERSE_S, Autopilot, Decision
 from tuning.autopilot_settings import AutopilotSettings, parse_targets
 from tuning.simulator import simulate
 from tuning.trace import TraceItem
@@ -216,6 +216,70 @@ def test_looks_while_the_targets_hold_space_out_too() -> None:
         met = [record(t - 5 + 0.4 * i, 100.0) for i in range(10)]
         assert pilot.tick(float(t), knobs, met, no_attribution, nothing_better) is None
     assert looks == [100, 120, 160, 200, 240]  # gaps 2x, then 4x explore_s: no more
+
+
+def missed(t: float) -> list[dict[str, Any]]:
+    """Ten requests that ended in the 5 s before `t`, each with a TTFT of 900 ms."""
+    return [record(t - 5 + 0.4 * i, 900.0) for i in range(10)]
+
+
+def predicting(attainment: dict[int, float], current: int) -> Any:
+    """An evaluate whose predicted attainment depends on max_num_seqs alone (now `current`)."""
+
+    def run(changes: list[dict[str, Any]]) -> list[Trial]:
+        seqs = [c.get("max_num_seqs", current) for c in changes]
+        return [
+            Trial(c, {"ttft_p90_ms": 100.0}, 1.0, attainment.get(n, 0.0))
+            for c, n in zip(changes, seqs, strict=True)
+        ]
+
+    return run
+
+
+def test_undoing_its_own_change_soon_needs_twice_the_gain() -> None:
+    """max_num_seqs went 8 -> 16; half a minute later the twin predicts going back gains 0.07,
+    over the 0.05 a change needs but under the 0.10 that undoing its own change needs. After
+    REVERSE_S the same prediction is enough."""
+    pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50, min_gap_s=0.0, look_s=1.0))
+    up = pilot.tick(
+        100.0, Knobs(max_num_seqs=8), missed(100), no_attribution, predicting({16: 0.5}, 8)
+    )
+    assert up is not None and up.changes == {"max_num_seqs": [8, 16]}
+    pilot.applied(up, version=1)
+    knobs = Knobs(max_num_seqs=16)
+    met = [record(101 + 0.4 * i, 100.0) for i in range(10)]
+    assert pilot.tick(106.0, knobs, met, no_attribution, predicting({}, 16)) is None  # kept
+    assert pilot.pending is None and pilot.state != "rolled back"
+    back = predicting({8: 0.57, 16: 0.5}, 16)
+    assert pilot.tick(130.0, knobs, missed(130), no_attribution, back) is None
+    assert "undoing its own max_num_seqs change so soon needs 2x the gain" in pilot.note
+    t = 101.0 + REVERSE_S
+    undo = pilot.tick(t, knobs, missed(t), no_attribution, back)
+    assert undo is not None and undo.changes == {"max_num_seqs": [16, 8]}
+
+
+def test_when_nothing_attains_it_moves_only_to_drain_the_queue() -> None:
+    """Every candidate is predicted at 0% attainment. One halves the p90 TTFT, which still
+    misses: no change. One also leaves a shorter queue at the horizon: that one is taken."""
+    pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50, min_gap_s=0.0, look_s=1.0))
+
+    def hopeless(queue_at_end: dict[int, int]) -> Any:
+        def run(changes: list[dict[str, Any]]) -> list[Trial]:
+            out = []
+            for c in changes:
+                n = c.get("max_num_seqs", 8)
+                ttft = 4000.0 if n == 8 else 2000.0
+                outcome = {"ttft_p90_ms": ttft, "queue_at_end": queue_at_end.get(n, 10)}
+                out.append(Trial(c, {**outcome, "latencies_ms": [0] * 10}, 0.0, 0.0))
+            return out
+
+        return run
+
+    knobs = Knobs(max_num_seqs=8)
+    assert pilot.tick(100.0, knobs, missed(100), no_attribution, hopeless({})) is None
+    assert pilot.note.startswith("the twin predicts no request meets both targets")
+    drains = pilot.tick(110.0, knobs, missed(110), no_attribution, hopeless({16: 5}))
+    assert drains is not None and drains.changes == {"max_num_seqs": [8, 16]}
 
 
 def test_a_persons_change_pauses_it_and_it_resumes_after() -> None:
