@@ -20,7 +20,7 @@ from tuning.tune import Trial
 EXCESS_WEIGHT = 0.1  # halving a p90 above its target scores 7 points of attainment
 BACKLOG_WEIGHT = 0.5  # a queue left at the horizon of half the requests costs 25 points
 HISTORY = 900  # ticks of measurements kept: half an hour at the default interval
-MIN_REQUESTS = 5  # ended requests a window needs before its percentiles mean anything
+MIN_REQUESTS = 5  # requests a window needs before its percentiles mean anything
 ROLLBACK_MARGIN = 0.05  # attainment this much worse after a change than before: undo it
 BAN_S = 120.0  # a rolled-back move is not tried again for this long
 MAX_BACKOFF = 8  # the gap between changes grows up to this many times after rollbacks
@@ -28,6 +28,11 @@ JUDGE_WITHIN = 3  # observe_s periods to wait for enough requests to judge a cha
 MAX_LOOK_BACKOFF = 4  # fruitless looks at the same misses space the next out up to this many times
 REVERSE_S = 60.0  # undoing its own change this soon after it needs REVERSE_GAIN times the gain
 REVERSE_GAIN = 2.0
+
+MEASURED_TOO_FEW = (
+    f"fewer than {MIN_REQUESTS} requests measured lately (ended, or waiting for a first token "
+    "past the TTFT target)"
+)
 
 State = Literal["off", "waiting", "holding", "adjusting", "rolled back", "paused"]
 Action = Literal["change", "rollback", "hold"]
@@ -167,7 +172,7 @@ class Autopilot:
         if t - self.last_change_t < s.min_gap_s * self.backoff:
             return None
         if now.requests < MIN_REQUESTS:
-            self.state, self.note = "holding", f"fewer than {MIN_REQUESTS} requests ended lately"
+            self.state, self.note = "holding", MEASURED_TOO_FEW
             return None
         violated = self._violated(now)
         if set(violated) != self.looked_at:

@@ -11,7 +11,7 @@ from engine.errors import InvalidInput
 from engine.knobs import Knobs
 from tuning.attribution import attribute
 from tuning.attribution_summary import summarize
-from tuning.autopilot import MIN_REQUESTS, REVERSE_S, Autopilot, Decision
+from tuning.autopilot import MEASURED_TOO_FEW, REVERSE_S, Autopilot, Decision
 from tuning.autopilot_settings import AutopilotSettings, parse_targets
 from tuning.simulator import simulate
 from tuning.trace import TraceItem
@@ -129,7 +129,7 @@ def test_a_queue_past_the_ttft_target_is_a_miss_before_its_requests_end() -> Non
         return fixed(0.0, 0.9)(changes)
 
     assert pilot.tick(100.0, Knobs(), [], no_attribution, twin, waiting[:4]) is None
-    assert pilot.note == f"fewer than {MIN_REQUESTS} requests ended lately" and not looked
+    assert pilot.note == MEASURED_TOO_FEW and not looked
     decision = pilot.tick(100.0, Knobs(), [], no_attribution, twin, waiting)
     assert looked and decision is not None and decision.action == "change"
     now = pilot.history[-1][1]
