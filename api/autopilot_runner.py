@@ -21,10 +21,10 @@ from api.live_window import AttributionView, LiveWindow
 from engine.errors import InvalidInput
 from engine.loop import EngineDead, EngineLoop
 from engine.queue_snapshot import QueueSnapshot
-from tuning.autopilot import Autopilot, Decision
+from tuning.autopilot import Autopilot, Decision, trials_while_room
 from tuning.autopilot_settings import AutopilotSettings
 from tuning.live import arrival_window, twin_from_live
-from tuning.tune import Trial, evaluate
+from tuning.tune import Trial
 
 ORIGIN = "autopilot"
 # the twin's thread yields the cores to the engine; at 19 it waited tens of seconds for its
@@ -131,7 +131,7 @@ class AutopilotRunner:
                 args = (config, steps, view.records, snapshot, window_s, s.horizon_s, s.slo)
                 # pickled here, so that this thread's CPU time counts it: the pool's feeder
                 # thread would do it unseen, on the server's GIL all the same
-                payload = pickle.dumps((*args, changes))
+                payload = pickle.dumps((*args, s.goodput_weight, changes))
                 trials, cpu_s = self._analysis.submit(live_trials, payload).result()
                 self.cpu_s += cpu_s
                 return trials
@@ -188,10 +188,11 @@ def live_trials(payload: bytes) -> tuple[list[Trial], float]:
     (pickled arguments of `twin_trials`), and the CPU seconds they took, unpickling
     included."""
     cpu0 = time.process_time()
-    config, steps, records, snapshot, window_s, horizon_s, slo, changes = pickle.loads(payload)
+    config, steps, records, snapshot, window_s, horizon_s, slo, weight, changes = pickle.loads(
+        payload
+    )
     twin, _ = twin_from_live(config, steps, records, snapshot, window_s, horizon_s)
-    trials = [evaluate(twin, c, slo, horizon_s) for c in changes]
-    return trials, time.process_time() - cpu0
+    return trials_while_room(twin, changes, slo, horizon_s, weight), time.process_time() - cpu0
 
 
 def _attribution(view: AttributionView, window_s: float) -> dict[str, Any] | None:

@@ -317,7 +317,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     knobs = static if kind == "static" and static is not None else {}
                     r = run(args, store, db, trace, kind, knobs)
                     runs.append(r)
-                    print(f"{kind}: attainment {r['attainment']}", file=sys.stderr, flush=True)
+                    print(
+                        f"{kind}: attainment {r['attainment']}, autopilot CPU "
+                        f"{r['cpu_share']:.2f}% of the engine thread's step time",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     if kind == "defaults" and static is None:
                         static = search_static(store, r["session"], args)
                         print(f"best static: {static}", file=sys.stderr, flush=True)

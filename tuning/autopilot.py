@@ -15,7 +15,8 @@ from engine.knobs import Knobs
 from tuning.autopilot_moves import moves
 from tuning.autopilot_settings import AutopilotSettings
 from tuning.outcome import request_tpot_ms
-from tuning.tune import Trial
+from tuning.tune import Trial, evaluate
+from tuning.whatif import Twin
 
 EXCESS_WEIGHT = 0.1  # halving a p90 above its target scores 7 points of attainment
 BACKLOG_WEIGHT = 0.5  # a queue left at the horizon of half the requests costs 25 points
@@ -36,6 +37,8 @@ MEASURED_TOO_FEW = (
 
 State = Literal["off", "waiting", "holding", "adjusting", "rolled back", "paused"]
 Action = Literal["change", "rollback", "hold"]
+# a trial for each knob change, the first ({}) the knobs as they are; after a first trial
+# that leaves `no_room`, the rest may be left out
 Evaluate = Callable[[list[dict[str, Any]]], list[Trial]]
 Attribution = Callable[[], dict[str, Any] | None]
 Scored = tuple[float, float, Trial, tuple[str, int]]  # predicted gain, the gain needed, trial, move
@@ -237,6 +240,10 @@ class Autopilot:
         if current.outcome is None:
             self.state, self.note = "waiting", current.refused or "the twin cannot run"
             return None
+        if no_room(current, self.settings.goodput_weight):
+            self.state = "holding"
+            self.note = "the twin predicts every request meets both targets as the knobs are"
+            return None
         # nothing attains under any candidate: a lower p90 that still misses gains nothing, but
         # a queue that drains sooner lets the requests after it attain
         hopeless = not current.slo_attainment and not any(tr.slo_attainment for tr in rest)
@@ -374,6 +381,29 @@ class Autopilot:
             if history > 0
             else [],
         }
+
+
+def no_room(trial: Trial, goodput_weight: float) -> bool:
+    """Whether no knob set can score above `trial`: every request attains (so no p90 lies
+    above its target), none is queued at the horizon and goodput counts for nothing. An
+    evaluator may stop after such a first trial (the knobs as they are)."""
+    out = trial.outcome or {}
+    return goodput_weight == 0 and trial.slo_attainment == 1.0 and not out.get("queue_at_end")
+
+
+def trials_while_room(
+    twin: Twin,
+    changes: list[dict[str, Any]],
+    slo: stats.SLO,
+    horizon_s: float | None,
+    goodput_weight: float,
+) -> list[Trial]:
+    """The twin's trial of each of `changes`, the first ({}) the knobs as they are; only that
+    one when it leaves `no_room`: the rest would cost CPU beside the engine for nothing."""
+    first = evaluate(twin, changes[0], slo, horizon_s)
+    if no_room(first, goodput_weight):
+        return [first]
+    return [first, *(evaluate(twin, c, slo, horizon_s) for c in changes[1:])]
 
 
 def dominant_causes(attribution: dict[str, Any] | None) -> list[str]:

@@ -11,7 +11,13 @@ from engine.errors import InvalidInput
 from engine.knobs import Knobs
 from tuning.attribution import attribute
 from tuning.attribution_summary import summarize
-from tuning.autopilot import MEASURED_TOO_FEW, REVERSE_S, Autopilot, Decision
+from tuning.autopilot import (
+    MEASURED_TOO_FEW,
+    REVERSE_S,
+    Autopilot,
+    Decision,
+    trials_while_room,
+)
 from tuning.autopilot_settings import AutopilotSettings, parse_targets
 from tuning.simulator import simulate
 from tuning.trace import TraceItem
@@ -90,6 +96,26 @@ def test_met_targets_hold() -> None:
     assert pilot.state == "holding"
     (measured,) = pilot.status()["history"]
     assert measured["requests"] == 10 and measured["attainment"] == 1.0
+
+
+def test_knobs_that_leave_no_room_are_the_only_ones_simulated() -> None:
+    """Light load: the twin predicts every request attains with the knobs as they are, so no
+    candidate can score higher and none is simulated; with goodput in the score, they are."""
+    load = Load(steady(5, 2, 32, 8), Cost(5.0))
+    s = settings(ttft_p90_ms=1000, tpot_p90_ms=100)
+    changes = [{}, {"max_num_seqs": 32}, {"max_num_seqs": 128}]
+    assert len(trials_while_room(load.twin, changes, s.slo, None, 0.0)) == 1
+    assert len(trials_while_room(load.twin, changes, s.slo, None, 0.5)) == 3
+    pilot = Autopilot(s)
+    decision = pilot.tick(
+        load.end,
+        load.knobs,
+        load.records,
+        lambda: load.attribution,
+        lambda c: trials_while_room(load.twin, c, s.slo, None, 0.0),
+    )
+    assert decision is None
+    assert pilot.note == "the twin predicts every request meets both targets as the knobs are"
 
 
 def no_attribution() -> None:
