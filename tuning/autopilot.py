@@ -38,7 +38,7 @@ MEASURED_TOO_FEW = (
 State = Literal["off", "waiting", "holding", "adjusting", "rolled back", "paused"]
 Action = Literal["change", "rollback", "hold"]
 # a trial for each knob change, the first ({}) the knobs as they are; after a first trial
-# that leaves `no_room`, the rest may be left out
+# refused or scoring above the `ceiling`, the rest may be left out
 Evaluate = Callable[[list[dict[str, Any]]], list[Trial]]
 Attribution = Callable[[], dict[str, Any] | None]
 Scored = tuple[float, float, Trial, tuple[str, int]]  # predicted gain, the gain needed, trial, move
@@ -240,16 +240,24 @@ class Autopilot:
         if current.outcome is None:
             self.state, self.note = "waiting", current.refused or "the twin cannot run"
             return None
-        if no_room(current, self.settings.goodput_weight):
+        if score(current, self.settings) > ceiling(self.settings):
             self.state = "holding"
-            self.note = "the twin predicts every request meets both targets as the knobs are"
+            self.note = (
+                f"the twin predicts {current.slo_attainment or 0:.0%} attainment as the knobs "
+                f"are: no candidate can gain {self.settings.gain:.2f} in score"
+            )
             return None
         # nothing attains under any candidate: a lower p90 that still misses gains nothing, but
         # a queue that drains sooner lets the requests after it attain
         hopeless = not current.slo_attainment and not any(tr.slo_attainment for tr in rest)
-        base = self.score(current, excess=not hopeless)
+        base = score(current, self.settings, excess=not hopeless)
         scored: list[Scored] = [
-            (self.score(tr, excess=not hopeless) - base, self._need(m, t, bool(violated)), tr, m)
+            (
+                score(tr, self.settings, excess=not hopeless) - base,
+                self._need(m, t, bool(violated)),
+                tr,
+                m,
+            )
             for tr, (_, m) in zip(rest, candidates, strict=True)
             if tr.outcome is not None
         ]
@@ -330,26 +338,6 @@ class Autopilot:
         self.state, self.note = "rolled back", reason
         return Decision(t, "rollback", reason, undo)
 
-    def score(self, trial: Trial, excess: bool = True) -> float:
-        """SLO attainment, plus goodput by its weight, less EXCESS_WEIGHT for each e-fold a
-        predicted p90 lies above its target (unless not `excess`) and BACKLOG_WEIGHT times the
-        share of requests still waiting at the horizon: when every request already misses (a
-        queue waited too long), attainment alone cannot tell a setting that drains it faster."""
-        s, out = self.settings, trial.outcome or {}
-        over = sum(
-            math.log(p90 / target)
-            for p90, target in (
-                (out.get("ttft_p90_ms"), s.ttft_p90_ms),
-                (out.get("tpot_p90_ms"), s.tpot_p90_ms),
-            )
-            if excess and p90 is not None and p90 > target
-        )
-        total = len(out.get("latencies_ms", [])) + out.get("unfinished", 0)
-        backlog = out.get("queue_at_end", 0) / total if total else 0.0
-        attainment = trial.slo_attainment or 0.0
-        goodput = s.goodput_weight * (trial.goodput_rps or 0.0)
-        return attainment + goodput - EXCESS_WEIGHT * over - BACKLOG_WEIGHT * backlog
-
     def applied(self, decision: Decision, version: int) -> None:
         decision.version = version
         self.decisions.append(decision)
@@ -383,27 +371,44 @@ class Autopilot:
         }
 
 
-def no_room(trial: Trial, goodput_weight: float) -> bool:
-    """Whether no knob set can score above `trial`: every request attains (so no p90 lies
-    above its target), none is queued at the horizon and goodput counts for nothing. An
-    evaluator may stop after such a first trial (the knobs as they are)."""
+def score(trial: Trial, settings: AutopilotSettings, excess: bool = True) -> float:
+    """SLO attainment, plus goodput by its weight, less EXCESS_WEIGHT for each e-fold a
+    predicted p90 lies above its target (unless not `excess`) and BACKLOG_WEIGHT times the
+    share of requests still waiting at the horizon: when every request already misses (a
+    queue waited too long), attainment alone cannot tell a setting that drains it faster."""
     out = trial.outcome or {}
-    return goodput_weight == 0 and trial.slo_attainment == 1.0 and not out.get("queue_at_end")
+    over = sum(
+        math.log(p90 / target)
+        for p90, target in (
+            (out.get("ttft_p90_ms"), settings.ttft_p90_ms),
+            (out.get("tpot_p90_ms"), settings.tpot_p90_ms),
+        )
+        if excess and p90 is not None and p90 > target
+    )
+    total = len(out.get("latencies_ms", [])) + out.get("unfinished", 0)
+    backlog = out.get("queue_at_end", 0) / total if total else 0.0
+    attainment = trial.slo_attainment or 0.0
+    goodput = settings.goodput_weight * (trial.goodput_rps or 0.0)
+    return attainment + goodput - EXCESS_WEIGHT * over - BACKLOG_WEIGHT * backlog
+
+
+def ceiling(settings: AutopilotSettings) -> float:
+    """The score of the knobs as they are above which no candidate can gain `gain`:
+    no score exceeds 1 (every request attaining) while goodput counts for nothing; with
+    goodput in the score there is no such bound."""
+    return 1.0 - settings.gain if settings.goodput_weight == 0 else math.inf
 
 
 def trials_while_room(
-    twin: Twin,
-    changes: list[dict[str, Any]],
-    slo: stats.SLO,
-    horizon_s: float | None,
-    goodput_weight: float,
+    twin: Twin, changes: list[dict[str, Any]], settings: AutopilotSettings, horizon_s: float
 ) -> list[Trial]:
     """The twin's trial of each of `changes`, the first ({}) the knobs as they are; only that
-    one when it leaves `no_room`: the rest would cost CPU beside the engine for nothing."""
-    first = evaluate(twin, changes[0], slo, horizon_s)
-    if no_room(first, goodput_weight):
+    one when the twin refused it or it scores above the `ceiling`: the rest would cost CPU
+    beside the engine for nothing."""
+    first = evaluate(twin, changes[0], settings.slo, horizon_s)
+    if first.outcome is None or score(first, settings) > ceiling(settings):
         return [first]
-    return [first, *(evaluate(twin, c, slo, horizon_s) for c in changes[1:])]
+    return [first, *(evaluate(twin, c, settings.slo, horizon_s) for c in changes[1:])]
 
 
 def dominant_causes(attribution: dict[str, Any] | None) -> list[str]:

@@ -100,22 +100,28 @@ def test_met_targets_hold() -> None:
 
 def test_knobs_that_leave_no_room_are_the_only_ones_simulated() -> None:
     """Light load: the twin predicts every request attains with the knobs as they are, so no
-    candidate can score higher and none is simulated; with goodput in the score, they are."""
+    candidate can gain the 0.05 a change needs and none is simulated; with goodput in the
+    score, or a gain it could still reach, they are. Nor are they after a refused first."""
     load = Load(steady(5, 2, 32, 8), Cost(5.0))
     s = settings(ttft_p90_ms=1000, tpot_p90_ms=100)
     changes = [{}, {"max_num_seqs": 32}, {"max_num_seqs": 128}]
-    assert len(trials_while_room(load.twin, changes, s.slo, None, 0.0)) == 1
-    assert len(trials_while_room(load.twin, changes, s.slo, None, 0.5)) == 3
+    assert len(trials_while_room(load.twin, changes, s, 10.0)) == 1
+    for other in ({"goodput_weight": 0.5}, {"gain": 0.0}):
+        assert len(trials_while_room(load.twin, changes, s.model_copy(update=other), 10.0)) == 3
+    refused = trials_while_room(load.twin, [{"max_num_seqs": 0}, *changes], s, 10.0)
+    assert len(refused) == 1 and refused[0].refused is not None
     pilot = Autopilot(s)
     decision = pilot.tick(
         load.end,
         load.knobs,
         load.records,
         lambda: load.attribution,
-        lambda c: trials_while_room(load.twin, c, s.slo, None, 0.0),
+        lambda c: trials_while_room(load.twin, c, s, 10.0),
     )
     assert decision is None
-    assert pilot.note == "the twin predicts every request meets both targets as the knobs are"
+    assert pilot.note == (
+        "the twin predicts 100% attainment as the knobs are: no candidate can gain 0.05 in score"
+    )
 
 
 def no_attribution() -> None:
