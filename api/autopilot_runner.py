@@ -128,10 +128,11 @@ class AutopilotRunner:
             window_s = min(s.arrivals_s, arrival_window(snapshot.t - started_t))
 
             def twin_trials(changes: list[dict[str, Any]]) -> list[Trial]:
-                args = (config, steps, view.records, snapshot, window_s, s)
                 # pickled here, so that this thread's CPU time counts it: the pool's feeder
                 # thread would do it unseen, on the server's GIL all the same
-                payload = pickle.dumps((*args, changes))
+                payload = pickle.dumps(
+                    (config, steps, view.records, snapshot, window_s, s, changes)
+                )
                 trials, cpu_s = self._analysis.submit(live_trials, payload).result()
                 self.cpu_s += cpu_s
                 return trials
@@ -190,8 +191,7 @@ def live_trials(payload: bytes) -> tuple[list[Trial], float]:
     cpu0 = time.process_time()
     config, steps, records, snapshot, window_s, settings, changes = pickle.loads(payload)
     twin, _ = twin_from_live(config, steps, records, snapshot, window_s, settings.horizon_s)
-    trials = trials_while_room(twin, changes, settings, settings.horizon_s)
-    return trials, time.process_time() - cpu0
+    return trials_while_room(twin, changes, settings), time.process_time() - cpu0
 
 
 def _attribution(view: AttributionView, window_s: float) -> dict[str, Any] | None:

@@ -94,7 +94,7 @@ class Pending:
     t: float
     decision: Decision
     before: Measured
-    move: tuple[str, int] | None
+    move: tuple[str, int]  # (knob, direction), as `moves` gives it
     unchanged: float | None  # the attainment the twin predicted had the knobs stayed
 
 
@@ -325,8 +325,7 @@ class Autopilot:
         if after.attainment >= baseline - ROLLBACK_MARGIN:
             self.backoff = max(1.0, self.backoff / 2)
             return None
-        if pending.move is not None:
-            self.banned[pending.move] = t + BAN_S
+        self.banned[pending.move] = t + BAN_S
         self.backoff = min(MAX_BACKOFF, self.backoff * 2)
         undo = {k: [new, old] for k, (old, new) in pending.decision.changes.items()}
         moves_text = ", ".join(f"{k} {a} → {b}" for k, (a, b) in undo.items())
@@ -344,7 +343,7 @@ class Autopilot:
         self.last_change_t = decision.t
         if decision.action == "change":
             self.state, self.note = "adjusting", decision.reason
-            if self.pending is not None and self.pending.move is not None:
+            if self.pending is not None:
                 knob, direction = self.pending.move
                 self.last_moves[knob] = (direction, decision.t)
 
@@ -400,15 +399,16 @@ def ceiling(settings: AutopilotSettings) -> float:
 
 
 def trials_while_room(
-    twin: Twin, changes: list[dict[str, Any]], settings: AutopilotSettings, horizon_s: float
+    twin: Twin, changes: list[dict[str, Any]], settings: AutopilotSettings
 ) -> list[Trial]:
     """The twin's trial of each of `changes`, the first ({}) the knobs as they are; only that
     one when the twin refused it or it scores above the `ceiling`: the rest would cost CPU
     beside the engine for nothing."""
-    first = evaluate(twin, changes[0], settings.slo, horizon_s)
+    slo, horizon_s = settings.slo, settings.horizon_s
+    first = evaluate(twin, changes[0], slo, horizon_s)
     if first.outcome is None or score(first, settings) > ceiling(settings):
         return [first]
-    return [first, *(evaluate(twin, c, settings.slo, horizon_s) for c in changes[1:])]
+    return [first, *(evaluate(twin, c, slo, horizon_s) for c in changes[1:])]
 
 
 def dominant_causes(attribution: dict[str, Any] | None) -> list[str]:

@@ -105,10 +105,10 @@ def test_knobs_that_leave_no_room_are_the_only_ones_simulated() -> None:
     load = Load(steady(5, 2, 32, 8), Cost(5.0))
     s = settings(ttft_p90_ms=1000, tpot_p90_ms=100)
     changes = [{}, {"max_num_seqs": 32}, {"max_num_seqs": 128}]
-    assert len(trials_while_room(load.twin, changes, s, 10.0)) == 1
+    assert len(trials_while_room(load.twin, changes, s)) == 1
     for other in ({"goodput_weight": 0.5}, {"gain": 0.0}):
-        assert len(trials_while_room(load.twin, changes, s.model_copy(update=other), 10.0)) == 3
-    refused = trials_while_room(load.twin, [{"max_num_seqs": 0}, *changes], s, 10.0)
+        assert len(trials_while_room(load.twin, changes, s.model_copy(update=other))) == 3
+    refused = trials_while_room(load.twin, [{"max_num_seqs": 0}, *changes], s)
     assert len(refused) == 1 and refused[0].refused is not None
     pilot = Autopilot(s)
     decision = pilot.tick(
@@ -116,7 +116,7 @@ def test_knobs_that_leave_no_room_are_the_only_ones_simulated() -> None:
         load.knobs,
         load.records,
         lambda: load.attribution,
-        lambda c: trials_while_room(load.twin, c, s, 10.0),
+        lambda c: trials_while_room(load.twin, c, s),
     )
     assert decision is None
     assert pilot.note == (
