@@ -10,7 +10,7 @@ import os
 import pickle
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -21,7 +21,7 @@ from api.live_window import AttributionView, LiveWindow
 from engine.errors import InvalidInput
 from engine.loop import EngineDead, EngineLoop
 from engine.queue_snapshot import QueueSnapshot
-from tuning.autopilot import Autopilot, Decision, trials_while_room
+from tuning.autopilot import Autopilot, Decision, Evaluate, trials_while_room
 from tuning.autopilot_settings import AutopilotSettings
 from tuning.live import arrival_window, twin_from_live
 from tuning.tune import Trial
@@ -124,14 +124,13 @@ class AutopilotRunner:
         cpu0 = time.thread_time()
         try:
             s = self.settings
-            # shorter than a what-if's minute: a new load shows in the twin within seconds
-            window_s = min(s.arrivals_s, arrival_window(snapshot.t - started_t))
+            young = arrival_window(snapshot.t - started_t)
 
-            def twin_trials(changes: list[dict[str, Any]]) -> list[Trial]:
+            def twin_trials(changes: list[dict[str, Any]], window_s: float) -> list[Trial]:
                 # pickled here, so that this thread's CPU time counts it: the pool's feeder
                 # thread would do it unseen, on the server's GIL all the same
                 payload = pickle.dumps(
-                    (config, steps, view.records, snapshot, window_s, s, changes)
+                    (config, steps, view.records, snapshot, min(window_s, young), s, changes)
                 )
                 trials, cpu_s = self._analysis.submit(live_trials, payload).result()
                 self.cpu_s += cpu_s
@@ -145,17 +144,19 @@ class AutopilotRunner:
                     lambda: _attribution(view, s.observe_s),
                     self._unlocked(twin_trials),
                     [q.arrival for q in snapshot.requests if not q.generated],
+                    [(r["arrival"], r["prompt_len"]) for r in view.records]
+                    + [(q.arrival, q.prompt_len) for q in snapshot.requests],
                 )
         finally:
             self.cpu_s += time.thread_time() - cpu0
             self.ticks += 1
 
-    def _unlocked(self, run: Callable[[list[dict[str, Any]]], list[Trial]]) -> Any:
+    def _unlocked(self, run: Evaluate) -> Evaluate:
         """`run` with the lock let go while it runs (called with the lock held)."""
 
-        def call(changes: list[dict[str, Any]]) -> list[Trial]:
+        def call(changes: list[dict[str, Any]], window_s: float) -> list[Trial]:
             with self._released():
-                return run(changes)
+                return run(changes, window_s)
 
         return call
 

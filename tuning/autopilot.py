@@ -14,6 +14,7 @@ from engine.errors import InvalidInput
 from engine.knobs import Knobs
 from tuning.autopilot_moves import moves
 from tuning.autopilot_settings import AutopilotSettings
+from tuning.load_shift import SHIFT_S, Arrival, shift
 from tuning.outcome import request_tpot_ms
 from tuning.tune import Trial, evaluate
 from tuning.whatif import Twin
@@ -37,9 +38,10 @@ MEASURED_TOO_FEW = (
 
 State = Literal["off", "waiting", "holding", "adjusting", "rolled back", "paused"]
 Action = Literal["change", "rollback", "hold"]
-# a trial for each knob change, the first ({}) the knobs as they are; after a first trial
-# refused or scoring above the `ceiling`, the rest may be left out
-Evaluate = Callable[[list[dict[str, Any]]], list[Trial]]
+# a trial for each knob change, the first ({}) the knobs as they are, with the twin repeating
+# the arrivals of the last so many seconds; after a first trial refused or scoring above the
+# `ceiling`, the rest may be left out
+Evaluate = Callable[[list[dict[str, Any]], float], list[Trial]]
 Attribution = Callable[[], dict[str, Any] | None]
 Scored = tuple[float, float, Trial, tuple[str, int]]  # predicted gain, the gain needed, trial, move
 
@@ -117,6 +119,8 @@ class Autopilot:
         self.backoff = 1.0
         self.banned: dict[tuple[str, int], float] = {}
         self.last_moves: dict[str, tuple[int, float]] = {}  # knob -> (direction, t) of our last
+        self.regime_t = float("-inf")  # when a shift in the load was last seen (tuning.load_shift)
+        self.shifted: str | None = None  # that shift in words, until a look has weighed it
         # bumped by configure and a person's change, which may come while the twin runs
         self.generation = 0
 
@@ -149,11 +153,13 @@ class Autopilot:
         attribution: Attribution,
         evaluate: Evaluate,
         unstarted: Sequence[float] = (),
+        arrivals: Sequence[Arrival] = (),
     ) -> Decision | None:
         """What to do now; `recent` are the RequestRecords that ended lately (at least since
         the pending change), `unstarted` the arrival times of the requests in the engine
-        without a first token yet, `attribution` gives the `summarize` of the ended ones (or
-        None), asked only when the twin is. A change or a rollback is for the caller to
+        without a first token yet, `arrivals` (arrival, prompt length) of every request that
+        arrived lately, ended or not, `attribution` gives the `summarize` of the ended ones
+        (or None), asked only when the twin is. A change or a rollback is for the caller to
         apply; None means hold."""
         s = self.settings
         if not s.enabled:
@@ -161,10 +167,14 @@ class Autopilot:
         ended = [r for r in recent if r["finished_t"] >= t - s.observe_s]
         now = Measured.of(ended, s.slo, self._late(t, unstarted))
         self.history.append((t, now))
+        self._watch_load(t, arrivals)
         if t < self.paused_until:
             return None
         if self.state == "paused":
             self.state, self.note = "holding", "resumed after a person's change"
+        if self.pending is not None and self.shifted:
+            # what is measured after the change ran under another load than before it
+            self.pending = None
         if self.pending is not None:
             if t < self.pending.t + s.observe_s:
                 self.state, self.note = "adjusting", "measuring the last change"
@@ -174,20 +184,36 @@ class Autopilot:
                 return rollback
         if t - self.last_change_t < s.min_gap_s * self.backoff:
             return None
-        if now.requests < MIN_REQUESTS:
+        shifted, self.shifted = self.shifted, None
+        if now.requests < MIN_REQUESTS and not shifted:
             self.state, self.note = "holding", MEASURED_TOO_FEW
             return None
         violated = self._violated(now)
-        if set(violated) != self.looked_at:
+        if set(violated) != self.looked_at or shifted:
             self.fruitless_looks = 0
-        if t - self.last_look_t < self._look_gap(bool(violated)):
+        if t - self.last_look_t < self._look_gap(bool(violated)) and not shifted:
             self.state = "holding"
             self.note = "; ".join(violated.values()) or "targets met"
             return None
         self.last_look_t, self.looked_at = t, set(violated)
-        decision = self._choose(t, knobs, now, violated, attribution(), evaluate)
+        why = {**violated, **({"load": f"load shifted: {shifted}"} if shifted else {})}
+        decision = self._choose(t, knobs, now, why, attribution(), evaluate)
         self.fruitless_looks = 0 if decision is not None else self.fruitless_looks + 1
+        if decision is None and shifted and self.state == "holding":
+            self.note = f"load shifted ({shifted}); {self.note}"
         return decision
+
+    def _watch_load(self, t: float, arrivals: Sequence[Arrival]) -> None:
+        """Note a shift in the arrivals against those of the last arrivals_s since the last
+        shift: a look weighs it at once, and the twin repeats only the arrivals since."""
+        text = shift(arrivals, t, max(self.regime_t, t - SHIFT_S - self.settings.arrivals_s))
+        if text is not None:
+            self.regime_t, self.shifted = t, text
+
+    def arrivals_window(self, t: float) -> float:
+        """Seconds of recent arrivals the twin repeats: arrivals_s, or fewer after a shift:
+        those since the SHIFT_S that showed it."""
+        return min(self.settings.arrivals_s, t - self.regime_t + SHIFT_S)
 
     def _late(self, t: float, arrivals: Sequence[float]) -> list[float]:
         """The waits (ms) of those of `arrivals`, without a first token at `t`, that are past
@@ -229,7 +255,7 @@ class Autopilot:
             return None
         generation = self.generation
         try:
-            trials = evaluate([{}] + [c for c, _ in candidates])
+            trials = evaluate([{}] + [c for c, _ in candidates], self.arrivals_window(t))
         except InvalidInput as exc:
             if generation == self.generation:
                 self.state, self.note = "waiting", str(exc)

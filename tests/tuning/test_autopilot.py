@@ -42,7 +42,7 @@ class Load:
         self.twin = Twin(SETUP, self.knobs, trace, cost, EXPERTS, CONTEXT)  # type: ignore[arg-type]
 
     def evaluate(self, settings: AutopilotSettings) -> Any:
-        return lambda changes: [evaluate(self.twin, c, settings.slo) for c in changes]
+        return lambda changes, window_s: [evaluate(self.twin, c, settings.slo) for c in changes]
 
     def tick(self, pilot: Autopilot) -> Decision | None:
         return pilot.tick(
@@ -116,7 +116,7 @@ def test_knobs_that_leave_no_room_are_the_only_ones_simulated() -> None:
         load.knobs,
         load.records,
         lambda: load.attribution,
-        lambda c: trials_while_room(load.twin, c, s),
+        lambda c, window_s: trials_while_room(load.twin, c, s),
     )
     assert decision is None
     assert pilot.note == (
@@ -131,7 +131,7 @@ def no_attribution() -> None:
 def fixed(attainment: float, better: float) -> Any:
     """An evaluate that predicts `attainment` for the current knobs and `better` for the rest."""
 
-    def run(changes: list[dict[str, Any]]) -> list[Trial]:
+    def run(changes: list[dict[str, Any]], window_s: float) -> list[Trial]:
         return [
             Trial(c, {"ttft_p90_ms": 100.0}, 1.0, attainment if not c else better) for c in changes
         ]
@@ -156,9 +156,9 @@ def test_a_queue_past_the_ttft_target_is_a_miss_before_its_requests_end() -> Non
     waiting = [98.0, 98.5, 99.0, 99.2, 99.4, 99.7, 99.9]  # waits 2000 ... 100 ms at t=100
     looked: list[dict[str, Any]] = []
 
-    def twin(changes: list[dict[str, Any]]) -> list[Trial]:
+    def twin(changes: list[dict[str, Any]], window_s: float) -> list[Trial]:
         looked.extend(changes)
-        return fixed(0.0, 0.9)(changes)
+        return fixed(0.0, 0.9)(changes, window_s)
 
     assert pilot.tick(100.0, Knobs(), [], no_attribution, twin, waiting[:4]) is None
     assert pilot.note == MEASURED_TOO_FEW and not looked
@@ -222,9 +222,9 @@ def test_looks_that_find_nothing_space_out_until_the_misses_change() -> None:
         out = [record(t - 5 + 0.4 * i, 900.0) for i in range(10)]
         return [{**r, "e2e_ms": r["e2e_ms"] + extra_ms} for r in out]
 
-    def nothing_better(changes: list[dict[str, Any]]) -> list[Trial]:
+    def nothing_better(changes: list[dict[str, Any]], window_s: float) -> list[Trial]:
         looks.append(t)
-        return fixed(0.5, 0.5)(changes)
+        return fixed(0.5, 0.5)(changes, window_s)
 
     for t in range(100, 160):
         assert pilot.tick(float(t), knobs, ended(t), no_attribution, nothing_better) is None
@@ -240,9 +240,9 @@ def test_looks_while_the_targets_hold_space_out_too() -> None:
     knobs = Knobs(max_num_seqs=8)
     looks: list[float] = []
 
-    def nothing_better(changes: list[dict[str, Any]]) -> list[Trial]:
+    def nothing_better(changes: list[dict[str, Any]], window_s: float) -> list[Trial]:
         looks.append(t)
-        return fixed(1.0, 1.0)(changes)
+        return fixed(1.0, 1.0)(changes, window_s)
 
     for t in range(100, 260):
         met = [record(t - 5 + 0.4 * i, 100.0) for i in range(10)]
@@ -258,7 +258,7 @@ def missed(t: float) -> list[dict[str, Any]]:
 def predicting(attainment: dict[int, float], current: int) -> Any:
     """An evaluate whose predicted attainment depends on max_num_seqs alone (now `current`)."""
 
-    def run(changes: list[dict[str, Any]]) -> list[Trial]:
+    def run(changes: list[dict[str, Any]], window_s: float) -> list[Trial]:
         seqs = [c.get("max_num_seqs", current) for c in changes]
         return [
             Trial(c, {"ttft_p90_ms": 100.0}, 1.0, attainment.get(n, 0.0))
@@ -296,7 +296,7 @@ def test_when_nothing_attains_it_moves_only_to_drain_the_queue() -> None:
     pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50, min_gap_s=0.0, look_s=1.0))
 
     def hopeless(queue_at_end: dict[int, int]) -> Any:
-        def run(changes: list[dict[str, Any]]) -> list[Trial]:
+        def run(changes: list[dict[str, Any]], window_s: float) -> list[Trial]:
             out = []
             for c in changes:
                 n = c.get("max_num_seqs", 8)
@@ -312,6 +312,37 @@ def test_when_nothing_attains_it_moves_only_to_drain_the_queue() -> None:
     assert pilot.note.startswith("the twin predicts no request meets both targets")
     drains = pilot.tick(110.0, knobs, missed(110), no_attribution, hopeless({16: 5}))
     assert drains is not None and drains.changes == {"max_num_seqs": [8, 16]}
+
+
+def test_a_shift_in_the_arrivals_is_looked_at_at_once_on_the_new_load_alone() -> None:
+    """Targets met, one change made at 100 s and being measured; at 104 s arrivals jump from 2
+    to 10 a second. Before and after that change are no longer comparable, so it is not
+    judged; the next look comes as soon as the gap between changes allows, not after
+    explore_s, with the twin repeating only the arrivals since the shift."""
+    pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50, min_gap_s=6.0))
+    knobs = Knobs(max_num_seqs=8)
+    steady = [(80 + 0.5 * i, 100) for i in range(40)]  # 2 a second until 100 s
+    burst = [(100 + 0.1 * i, 100) for i in range(41)]  # 10 a second from 100 s
+    looks: list[tuple[float, float]] = []
+
+    def twin(changes: list[dict[str, Any]], window_s: float) -> list[Trial]:
+        looks.append((t, window_s))
+        return fixed(0.5, 0.9)(changes, window_s)
+
+    met = [record(95 + 0.4 * i, 100.0) for i in range(10)]
+    t = 100.0
+    first = pilot.tick(t, knobs, met, no_attribution, twin, (), steady)
+    assert first is not None and first.reason.startswith("targets met")
+    pilot.applied(first, version=1)
+    t = 104.0
+    arrived = steady + [a for a in burst if a[0] <= t]
+    assert pilot.tick(t, knobs, met, no_attribution, twin, (), arrived) is None
+    assert pilot.pending is None and pilot.state != "rolled back"  # not judged
+    t = 106.0
+    shifted = pilot.tick(t, knobs, met, no_attribution, twin, (), steady + burst)
+    assert shifted is not None and shifted.action == "change"
+    assert shifted.reason.startswith("load shifted: arrivals 1.9 → 8.6 req/s: max_num_seqs 8 → 16")
+    assert looks == [(100.0, 20.0), (106.0, 7.0)]
 
 
 def test_a_persons_change_pauses_it_and_it_resumes_after() -> None:
@@ -344,18 +375,18 @@ def test_settings_or_a_persons_change_while_the_twin_runs_stand() -> None:
     recent = [record(95 + 0.4 * i, 900.0) for i in range(10)]
     pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50))
 
-    def switched_off(changes: list[dict[str, Any]]) -> list[Trial]:
+    def switched_off(changes: list[dict[str, Any]], window_s: float) -> list[Trial]:
         pilot.configure(AutopilotSettings())
-        return fixed(0.0, 0.9)(changes)
+        return fixed(0.0, 0.9)(changes, window_s)
 
     assert pilot.tick(100.0, Knobs(max_num_seqs=8), recent, no_attribution, switched_off) is None
     assert pilot.state == "off" and pilot.pending is None
 
     pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50))
 
-    def person(changes: list[dict[str, Any]]) -> list[Trial]:
+    def person(changes: list[dict[str, Any]], window_s: float) -> list[Trial]:
         pilot.person_changed(100.0, "dashboard")
-        return fixed(0.9, 0.9)(changes)  # nothing to gain: the look would say "holding"
+        return fixed(0.9, 0.9)(changes, window_s)  # nothing to gain: the look would say "holding"
 
     assert pilot.tick(100.0, Knobs(max_num_seqs=8), recent, no_attribution, person) is None
     assert pilot.state == "paused" and pilot.pending is None
@@ -365,7 +396,7 @@ def test_too_few_steps_for_the_twin_waits_and_says_so() -> None:
     pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50))
     recent = [record(95 + 0.4 * i, 900.0) for i in range(10)]
 
-    def unfit(changes: list[dict[str, Any]]) -> list[Trial]:
+    def unfit(changes: list[dict[str, Any]], window_s: float) -> list[Trial]:
         raise InvalidInput("the live engine has seen too few steps: 12 of 40", "source")
 
     assert pilot.tick(100.0, Knobs(), recent, no_attribution, unfit) is None

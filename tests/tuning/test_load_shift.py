@@ -1,0 +1,69 @@
+"""A shift in the load, told from the arrivals: phases like the autopilot benchmark's, Poisson
+arrivals seeded, looked at every 2 s as the autopilot ticks."""
+
+import random
+
+from tuning.load_shift import SHIFT_S, Arrival, shift
+
+
+def poisson(rate: float, start: float, end: float, prompt: tuple[int, int], seed: int) -> list:
+    rng, t, out = random.Random(seed), start, []
+    while (t := t + rng.expovariate(rate)) < end:
+        out.append((t, rng.randint(*prompt)))
+    return out
+
+
+def detections(arrivals: list[Arrival], end: float) -> list[tuple[float, str]]:
+    """(tick, text) of each shift seen, ticking every 2 s and comparing with the arrivals since
+    the last shift (at most 20 s before the latest), as the autopilot does."""
+    since, out = 0.0, []
+    for tick in range(2, int(end) + 1, 2):
+        t = float(tick)
+        text = shift([a for a in arrivals if a[0] <= t], t, max(since, t - SHIFT_S - 20.0))
+        if text is not None:
+            since = t
+            out.append((t, text))
+    return out
+
+
+def change(text: str, what: str) -> float:
+    """How many times higher `what` ("arrivals", "mean prompt") is in `text`; 1 if absent."""
+    if what not in text:
+        return 1.0
+    a, b = text.split(what)[1].split(",")[0].split()[0:3:2]
+    return float(b) / float(a)
+
+
+def test_steady_load_shows_no_shift() -> None:
+    for seed in range(5):
+        assert detections(poisson(2.5, 0, 300, (16, 256), seed), 300) == []
+
+
+def test_each_phase_change_is_seen_within_seconds_and_once() -> None:
+    phases = [(2.5, (16, 256)), (7.5, (16, 256)), (0.75, (1024, 1800)), (2.5, (16, 256))]
+    arrivals = [
+        a
+        for i, (rate, prompt) in enumerate(phases)
+        for a in poisson(rate, 75 * i, 75 * (i + 1), prompt, i)
+    ]
+    seen = detections(arrivals, 300)
+    assert [int(t // 75) for t, _ in seen] == [1, 2, 3]
+    assert [t % 75 for t, _ in seen] <= [SHIFT_S + 2] * 3, seen
+    burst, long, low = (text for _, text in seen)
+    assert change(burst, "arrivals") >= 2 and change(burst, "mean prompt") == 1
+    assert change(long, "arrivals") <= 0.5
+    assert change(low, "mean prompt") <= 0.5
+
+
+def test_too_short_a_past_to_compare_with_shows_no_shift() -> None:
+    busy = [(t / 10, 100) for t in range(100)]  # 10 req/s from 0 to 10 s
+    assert shift(busy, 9.0, 0.0) is None  # 4 s before the latest 5: too short
+    assert shift([(0.5, 100)] + busy[50:], 10.0, 0.0) == "arrivals 0.2 → 10.0 req/s"
+
+
+def test_a_change_of_prompt_lengths_within_their_spread_is_no_shift() -> None:
+    before = [(i * 0.5, 10 if i % 2 else 390) for i in range(18)]  # mean 200, spread wide
+    assert shift(before + [(11.0, 400), (12.0, 420), (13.0, 410)], 14.0, 0.0) is None
+    steady = [(i * 0.5, 200) for i in range(18)]  # no spread: any doubling is a shift
+    got = shift(steady + [(11.0, 400), (12.0, 400), (13.0, 400)], 14.0, 0.0)
+    assert got is not None and got.endswith("mean prompt 200 → 400 tokens")

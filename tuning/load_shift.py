@@ -1,0 +1,44 @@
+"""A shift in the load, seen in the arrivals themselves: a burst or a change of prompt lengths
+shows here seconds before the requests it brings end and show in the latencies."""
+
+import math
+import statistics
+from collections.abc import Sequence
+
+SHIFT_S = 5.0  # the latest arrivals, compared with those before them
+FACTOR = 2.0  # a rate or a mean prompt length at least this many times, or this much less
+SIGMAS = 4.0  # and this many standard errors apart: a tick every 2 s tests often
+MIN_ARRIVALS = 3  # arrivals each side needs before its mean prompt length is compared
+
+Arrival = tuple[float, int]  # (arrival time, prompt length)
+
+
+def shift(arrivals: Sequence[Arrival], t: float, since: float) -> str | None:
+    """How the arrivals of the last SHIFT_S before `t` differ from those between `since` and
+    them, in words; None when they do not clearly differ or the earlier span is shorter than
+    SHIFT_S. Clearly: a rate or mean prompt length FACTOR times higher or lower, and more
+    than SIGMAS standard errors apart (Poisson counts for the rates, the earlier prompts'
+    spread for the means)."""
+    cut = t - SHIFT_S
+    if cut - since < SHIFT_S:
+        return None
+    before = [p for a, p in arrivals if since <= a < cut]
+    latest = [p for a, p in arrivals if cut <= a <= t]
+    span = cut - since
+    rate_before, rate_now = len(before) / span, len(latest) / SHIFT_S
+    out = []
+    # two Poisson counts: the rates' difference in standard errors under one pooled rate
+    pooled = max(len(before) + len(latest), 1) / (span + SHIFT_S)
+    error = math.sqrt(pooled * (1 / span + 1 / SHIFT_S))
+    if _apart(rate_now, rate_before) and abs(rate_now - rate_before) > SIGMAS * error:
+        out.append(f"arrivals {rate_before:.1f} → {rate_now:.1f} req/s")
+    if len(before) >= MIN_ARRIVALS and len(latest) >= MIN_ARRIVALS:
+        mean_before, mean_now = statistics.fmean(before), statistics.fmean(latest)
+        error = statistics.stdev(before) / math.sqrt(len(latest))
+        if _apart(mean_now, mean_before) and abs(mean_now - mean_before) > SIGMAS * error:
+            out.append(f"mean prompt {mean_before:.0f} → {mean_now:.0f} tokens")
+    return ", ".join(out) or None
+
+
+def _apart(now: float, before: float) -> bool:
+    return now >= FACTOR * before or now * FACTOR <= before
