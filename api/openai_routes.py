@@ -34,8 +34,9 @@ COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat runs to
 class Job:
     """The engine requests behind one API call; outputs arrive on an asyncio queue."""
 
-    def __init__(self, engine_loop: EngineLoop) -> None:
+    def __init__(self, engine_loop: EngineLoop, stream: bool) -> None:
         self.engine_loop = engine_loop
+        self.stream = stream
         self.aloop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
         self.ids: list[str] = []
@@ -46,6 +47,8 @@ class Job:
 
     def callback(self, index: int) -> Any:
         def on_output(out: RequestOutput) -> None:
+            if not (self.stream or out.finished or out.error):
+                return  # a whole reply needs only the last output, which holds every token
             # a closed event loop raises RuntimeError: nobody is waiting any more
             with contextlib.suppress(RuntimeError):
                 self.aloop.call_soon_threadsafe(self.queue.put_nowait, (index, out))
@@ -172,7 +175,7 @@ async def _start(
             tokens_field,
         )
     params = _params(body, max_tokens)
-    job = Job(engine_loop)
+    job = Job(engine_loop, bool(body.stream))
     try:
         for index, ids in enumerate(ids_list):
             job.ids.append(engine_loop.submit(ids, params, job.callback(index)))

@@ -1,10 +1,15 @@
 """The official `openai` client against the server: completions and chat, plain and streaming."""
 
+import asyncio
+from typing import cast
+
 import openai
 import pytest
 from api_servers import MODEL, Served, wait_for
 
+from api.openai_routes import Job
 from engine import SamplingParams
+from engine.loop import EngineLoop
 from engine.outputs import RequestOutput
 
 
@@ -148,3 +153,25 @@ def test_several_prompts_give_one_choice_each(client: openai.OpenAI) -> None:
     )
     assert [c.index for c in out.choices] == [0, 1, 2]
     assert out.usage.completion_tokens == 12
+
+
+@pytest.mark.parametrize(("stream", "handed"), [(False, [3]), (True, [1, 2, 3])])
+def test_a_whole_reply_is_handed_only_its_last_output(stream: bool, handed: list[int]) -> None:
+    """The engine thread calls back with every output; a reply sent whole needs only the last
+    (it holds every token), so the others never wake the event loop. A stream gets each."""
+
+    async def outputs() -> list[int]:
+        job = Job(cast(EngineLoop, None), stream)  # the loop is asked only if nothing comes
+        job.ids.append("r")
+        on_output = job.callback(0)
+        sent = [
+            RequestOutput("r", [1], list(range(n)), "", n == 3, "length" if n == 3 else None, 0.1)
+            for n in (1, 2, 3)
+        ]
+        await asyncio.to_thread(lambda: [on_output(out) for out in sent])
+        got = []
+        while job.pending:
+            got.append(len((await job.next())[1].token_ids))
+        return got
+
+    assert asyncio.run(outputs()) == handed
