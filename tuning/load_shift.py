@@ -20,11 +20,11 @@ def shift(arrivals: Sequence[Arrival], t: float, since: float) -> str | None:
     than SIGMAS standard errors apart (Poisson counts for the rates, the earlier prompts'
     spread for the means)."""
     cut = t - SHIFT_S
-    if cut - since < SHIFT_S:
+    span = cut - since
+    if span < SHIFT_S:
         return None
     before = [p for a, p in arrivals if since <= a < cut]
     latest = [p for a, p in arrivals if cut <= a <= t]
-    span = cut - since
     rate_before, rate_now = len(before) / span, len(latest) / SHIFT_S
     out = []
     # two Poisson counts: the rates' difference in standard errors under one pooled rate

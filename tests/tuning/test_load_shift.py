@@ -1,16 +1,14 @@
 """A shift in the load, told from the arrivals: phases like the autopilot benchmark's, Poisson
 arrivals seeded, looked at every 2 s as the autopilot ticks."""
 
-import random
-
+from api.loadgen import parse_dist, poisson_arrivals
 from tuning.load_shift import SHIFT_S, Arrival, shift
 
 
-def poisson(rate: float, start: float, end: float, prompt: tuple[int, int], seed: int) -> list:
-    rng, t, out = random.Random(seed), start, []
-    while (t := t + rng.expovariate(rate)) < end:
-        out.append((t, rng.randint(*prompt)))
-    return out
+def poisson(rate: float, start: float, end: float, prompt: str, seed: int) -> list[Arrival]:
+    """The load generator's seeded arrivals in [start, end), as (time, prompt length)."""
+    out = poisson_arrivals(rate, end - start, parse_dist(prompt), parse_dist("fixed:16"), seed)
+    return [(start + a.t, a.prompt_len) for a in out]
 
 
 def detections(arrivals: list[Arrival], end: float) -> list[tuple[float, str]]:
@@ -36,11 +34,12 @@ def change(text: str, what: str) -> float:
 
 def test_steady_load_shows_no_shift() -> None:
     for seed in range(5):
-        assert detections(poisson(2.5, 0, 300, (16, 256), seed), 300) == []
+        assert detections(poisson(2.5, 0, 300, "uniform:16:256", seed), 300) == []
 
 
 def test_each_phase_change_is_seen_within_seconds_and_once() -> None:
-    phases = [(2.5, (16, 256)), (7.5, (16, 256)), (0.75, (1024, 1800)), (2.5, (16, 256))]
+    short, long = "uniform:16:256", "uniform:1024:1800"
+    phases = [(2.5, short), (7.5, short), (0.75, long), (2.5, short)]
     arrivals = [
         a
         for i, (rate, prompt) in enumerate(phases)
@@ -49,9 +48,9 @@ def test_each_phase_change_is_seen_within_seconds_and_once() -> None:
     seen = detections(arrivals, 300)
     assert [int(t // 75) for t, _ in seen] == [1, 2, 3]
     assert [t % 75 for t, _ in seen] <= [SHIFT_S + 2] * 3, seen
-    burst, long, low = (text for _, text in seen)
+    burst, longer, low = (text for _, text in seen)
     assert change(burst, "arrivals") >= 2 and change(burst, "mean prompt") == 1
-    assert change(long, "arrivals") <= 0.5
+    assert change(longer, "arrivals") <= 0.5
     assert change(low, "mean prompt") <= 0.5
 
 
