@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
+
 from api.analysis import Analysis
 from api.control import engine_description
 from api.live_attribution import live_report
@@ -23,6 +25,7 @@ from engine.loop import EngineDead, EngineLoop
 from engine.queue_snapshot import QueueSnapshot
 from tuning.autopilot import Autopilot, Decision, Evaluate, trials_while_room
 from tuning.autopilot_settings import AutopilotSettings
+from tuning.cost_model import stack
 from tuning.live import arrival_window, twin_from_live
 from tuning.tune import Trial
 
@@ -98,6 +101,7 @@ class AutopilotRunner:
         self.window.drain()
         view = self.window.attribution_view()
         steps = list(self.window.steps)
+        rows = self.window.fit_rows.rows()
         try:
             since = steps[0]["knobs_version"] if steps else 0
             snapshot = await asyncio.wrap_future(self.engine_loop.snapshot(since))
@@ -106,7 +110,7 @@ class AutopilotRunner:
         config = engine_description(self.engine_loop)
         started = self.window.started_t
         decision = await asyncio.get_running_loop().run_in_executor(
-            self._executor, self._decide, view, steps, snapshot, config, started
+            self._executor, self._decide, view, steps, rows, snapshot, config, started
         )
         if decision is not None:
             await self._apply(decision)
@@ -116,6 +120,7 @@ class AutopilotRunner:
         self,
         view: AttributionView,
         steps: list[dict[str, Any]],
+        rows: list[np.ndarray],
         snapshot: QueueSnapshot,
         config: dict[str, Any],
         started_t: float,
@@ -129,9 +134,9 @@ class AutopilotRunner:
             def twin_trials(changes: list[dict[str, Any]], window_s: float) -> list[Trial]:
                 # pickled here, so that this thread's CPU time counts it: the pool's feeder
                 # thread would do it unseen, on the server's GIL all the same
-                payload = pickle.dumps(
-                    (config, steps, view.records, snapshot, min(window_s, young), s, changes)
-                )
+                window = min(window_s, young)
+                args = (config, steps, stack(rows), view.records, snapshot, window, s, changes)
+                payload = pickle.dumps(args)
                 trials, cpu_s = self._analysis.submit(live_trials, payload).result()
                 self.cpu_s += cpu_s
                 return trials
@@ -190,8 +195,8 @@ def live_trials(payload: bytes) -> tuple[list[Trial], float]:
     (pickled arguments of `twin_trials`), and the CPU seconds they took, unpickling
     included."""
     cpu0 = time.process_time()
-    config, steps, records, snapshot, window_s, settings, changes = pickle.loads(payload)
-    twin, _ = twin_from_live(config, steps, records, snapshot, window_s, settings.horizon_s)
+    config, steps, rows, records, snapshot, window_s, settings, changes = pickle.loads(payload)
+    twin, _ = twin_from_live(config, steps, rows, records, snapshot, window_s, settings.horizon_s)
     return trials_while_room(twin, changes, settings), time.process_time() - cpu0
 
 

@@ -10,10 +10,11 @@ from typing import Any
 from api.bus_reader import BusReader
 from engine.knobs import Knobs
 from engine.loop import EngineLoop
+from tuning.fit_rows import FitRows
 from tuning.outcome import METRICS, StepCounts, outcome, step_counts, totals
 
-# whole step records kept to fit the live twin's cost model: plenty for its ten weights, and
-# each is tens of KB in memory with many experts and slots
+# whole step records kept for the live twin's expert loads: each is tens of KB in memory with
+# many experts and slots (its cost model fits rows kept longer: `fit_rows`)
 FIT_STEPS = 512
 MAX_COUNTS = 1 << 17  # per-step counts kept for observations (a bound on memory)
 MAX_RECORDS = 1 << 16  # ended requests kept
@@ -53,8 +54,9 @@ def compact(step: dict[str, Any]) -> dict[str, Any]:
 
 
 class LiveWindow(BusReader):
-    """Bounded: the last FIT_STEPS StepTelemetry records, the last ATTRIBUTION_STEPS of them
-    compacted, and the StepCounts and RequestRecords of the last `keep_s` seconds.
+    """Bounded: the last FIT_STEPS StepTelemetry records, the live twin's cost-model rows of
+    every step (`FitRows`), the last ATTRIBUTION_STEPS steps compacted, and the StepCounts and
+    RequestRecords of the last `keep_s` seconds.
     Each of `change_hooks`, `hook(change, t)`, hears each applied knob change (a KnobChange
     dict touching a knob) with the time of the step that reported it."""
 
@@ -62,6 +64,7 @@ class LiveWindow(BusReader):
         super().__init__(engine_loop)
         self.keep_s = keep_s
         self.steps: deque[dict[str, Any]] = deque(maxlen=FIT_STEPS)
+        self.fit_rows = FitRows(engine_loop.knobs.model_dump())
         self.counts: deque[StepCounts] = deque(maxlen=MAX_COUNTS)
         self.records: deque[dict[str, Any]] = deque(maxlen=MAX_RECORDS)
         self.attributable: deque[dict[str, Any]] = deque(maxlen=ATTRIBUTION_STEPS)
@@ -81,6 +84,7 @@ class LiveWindow(BusReader):
             self.kept_after = max(self.kept_after, steps[0]["t"])
         for step in steps:
             self.steps.append(step)
+            self.fit_rows.add(step)
             self._keep_compact(step)
             self.counts.append(step_counts(step))
             for change in step.get("knob_changes") or ():

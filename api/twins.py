@@ -13,6 +13,7 @@ from engine.loop import EngineLoop
 from engine.queue_snapshot import QueueSnapshot
 from storage import Store
 from storage import queries as q
+from tuning.cost_model import Rows, stack
 from tuning.live import arrival_window, twin_from_live
 from tuning.whatif import twin_from_recording
 
@@ -56,7 +57,8 @@ class Twins:
         recent = list(self.window.records)
         window_s = arrival_window(snapshot.t - self.window.started_t)
         config = engine_description(self.engine_loop)
-        args = (config, steps, recent, snapshot, window_s, changes, horizon_s, version)
+        rows = stack(self.window.fit_rows.rows())
+        args = (config, steps, rows, recent, snapshot, window_s, changes, horizon_s, version)
         async with self._lock:
             return await asyncio.wrap_future(self.analysis.submit(_live, *args))
 
@@ -73,6 +75,7 @@ def _recorded(
 def _live(
     config: dict[str, Any],
     steps: list[dict[str, Any]],
+    rows: Rows,
     recent: list[dict[str, Any]],
     snapshot: QueueSnapshot,
     window_s: float,
@@ -81,7 +84,9 @@ def _live(
     version: int | None,
 ) -> dict[str, Any]:
     start = time.perf_counter()
-    twin, notes = twin_from_live(config, steps, recent, snapshot, window_s, horizon_s, version)
+    twin, notes = twin_from_live(
+        config, steps, rows, recent, snapshot, window_s, horizon_s, version
+    )
     result = twin.compare(changes, horizon_s)
     return {
         "source": "live",

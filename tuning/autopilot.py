@@ -30,6 +30,9 @@ JUDGE_WITHIN = 3  # observe_s periods to wait for enough requests to judge a cha
 MAX_LOOK_BACKOFF = 4  # fruitless looks at the same misses space the next out up to this many times
 REVERSE_S = 60.0  # undoing its own change this soon after it needs REVERSE_GAIN times the gain
 REVERSE_GAIN = 2.0
+# a gain must be worth this many of the simulated requests attaining: whether one request
+# makes its targets is within the twin's error (its step times are 10-20% off)
+MIN_GAINED = 2
 
 MEASURED_TOO_FEW = (
     f"fewer than {MIN_REQUESTS} requests measured lately (ended, or waiting for a first token "
@@ -277,10 +280,11 @@ class Autopilot:
         # a queue that drains sooner lets the requests after it attain
         hopeless = not current.slo_attainment and not any(tr.slo_attainment for tr in rest)
         base = score(current, self.settings, excess=not hopeless)
+        requests = simulated(current)
         scored: list[Scored] = [
             (
                 score(tr, self.settings, excess=not hopeless) - base,
-                self._need(m, t, bool(violated)),
+                self._need(m, t, bool(violated), requests),
                 tr,
                 m,
             )
@@ -292,7 +296,7 @@ class Autopilot:
             return None
         cleared = [x for x in scored if x[0] >= x[1]]
         if not cleared:
-            self.state, self.note = "holding", self._no_gain(t, scored, hopeless)
+            self.state, self.note = "holding", self._no_gain(t, scored, hopeless, requests)
             return None
         _, _, best, move = max(cleared, key=lambda x: x[0])
         old = knobs.model_dump()
@@ -302,20 +306,24 @@ class Autopilot:
         self.pending = Pending(t, decision, now, move, current.slo_attainment)
         return decision
 
-    def _need(self, move: tuple[str, int], t: float, violated: bool) -> float:
+    def _need(self, move: tuple[str, int], t: float, violated: bool, requests: int) -> float:
         """The predicted score gain a move must clear: `gain`, twice that while every target is
-        met, and REVERSE_GAIN times more for undoing our own change of the last REVERSE_S."""
-        need = self.settings.gain * (1 if violated else 2)
+        met, but at least MIN_GAINED of the `requests` simulated; REVERSE_GAIN times more for
+        undoing our own change of the last REVERSE_S."""
+        floor = MIN_GAINED / requests if requests else 0.0
+        need = max(self.settings.gain * (1 if violated else 2), floor)
         return need * REVERSE_GAIN if self._reverses(move, t) else need
 
     def _reverses(self, move: tuple[str, int], t: float) -> bool:
         last = self.last_moves.get(move[0])
         return last is not None and last[0] == -move[1] and t - last[1] < REVERSE_S
 
-    def _no_gain(self, t: float, scored: list[Scored], hopeless: bool) -> str:
+    def _no_gain(self, t: float, scored: list[Scored], hopeless: bool, requests: int) -> str:
         """Why no candidate cleared its need, in words."""
         gain, need, _, move = max(scored, key=lambda x: x[0] - x[1])
         text = f"no candidate predicted to gain {need:.2f} in score (best {gain:+.3f})"
+        if requests and MIN_GAINED / requests > self.settings.gain:
+            text += f"; a gain must be worth {MIN_GAINED} of the {requests} requests simulated"
         if self._reverses(move, t):
             text += f"; undoing its own {move[0]} change so soon needs {REVERSE_GAIN:g}x the gain"
         if hopeless:
@@ -410,11 +418,17 @@ def score(trial: Trial, settings: AutopilotSettings, excess: bool = True) -> flo
         )
         if excess and p90 is not None and p90 > target
     )
-    total = len(out.get("latencies_ms", [])) + out.get("unfinished", 0)
+    total = simulated(trial)
     backlog = out.get("queue_at_end", 0) / total if total else 0.0
     attainment = trial.slo_attainment or 0.0
     goodput = settings.goodput_weight * (trial.goodput_rps or 0.0)
     return attainment + goodput - EXCESS_WEIGHT * over - BACKLOG_WEIGHT * backlog
+
+
+def simulated(trial: Trial) -> int:
+    """The requests a trial simulated: those that ended and those left unfinished."""
+    out = trial.outcome or {}
+    return len(out.get("latencies_ms", [])) + out.get("unfinished", 0)
 
 
 def ceiling(settings: AutopilotSettings) -> float:

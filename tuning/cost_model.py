@@ -11,8 +11,9 @@ step moves the clock. Non-negative weights keep the model monotone, so it extrap
 sanely to larger batches than it saw, and `outside` says when a step lies far beyond them.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from scipy.optimize import nnls
@@ -58,43 +59,71 @@ class CostModel:
         }
 
 
+def knobs_after(knobs: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]:
+    """The knobs in force at `step`: `knobs` (those before it) with every knob change it
+    reports applied."""
+    out = dict(knobs)
+    for change in step.get("knob_changes") or ():
+        out.update({k: new for k, (_, new) in change["changes"].items() if k in Knobs.model_fields})
+    return out
+
+
 def knobs_by_step(initial: dict[str, Any], steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The knobs in force at each recorded step: the session's first knobs with every knob
     change applied from the step that reported it."""
     knobs, out = dict(initial), []
     for step in steps:
-        for change in step.get("knob_changes") or ():
-            knobs.update(
-                {k: new for k, (_, new) in change["changes"].items() if k in Knobs.model_fields}
-            )
-        out.append(dict(knobs))
+        knobs = knobs_after(knobs, step)
+        out.append(knobs)
     return out
 
 
-def training_rows(
-    steps: list[dict[str, Any]], knobs: list[dict[str, Any]]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Features, step times, their MoE part and loop overheads (ms) of the steps that ran
-    work right after a busy step."""
-    xs, step_ms, moe_ms, overhead_ms = [], [], [], []
-    for prev, step, k in zip(steps, steps[1:], knobs[1:], strict=False):
-        busy_before = sum(prev["queue"][q] for q in ("waiting", "running", "swapped")) > 0
-        if not step["batch"]["slots"] or not busy_before or step["step"] != prev["step"] + 1:
-            continue
-        total = step["dur_ms"]["total"]
-        xs.append(recorded_features(step, k.get("expert_capacity_factor")))
-        step_ms.append(total)
-        moe_ms.append(min(step["dur_ms"]["moe"], total))
-        overhead_ms.append(max(0.0, (step["t"] - prev["t"]) * 1000 - total))
-    x = np.array(xs).reshape(-1, len(FEATURES))
-    return x, np.array(step_ms), np.array(moe_ms), np.array(overhead_ms)
+class Rows(NamedTuple):
+    """Training rows: FEATURES, and the step time, its MoE part and the loop overhead (ms)."""
+
+    x: np.ndarray
+    step_ms: np.ndarray
+    moe_ms: np.ndarray
+    overhead_ms: np.ndarray
+
+
+def training_row(
+    prev: dict[str, Any], step: dict[str, Any], knobs: dict[str, Any]
+) -> np.ndarray | None:
+    """FEATURES then the step, MoE and overhead ms of `step` run under `knobs`, as one array;
+    None unless it ran work right after `prev`, a busy step."""
+    busy_before = sum(prev["queue"][q] for q in ("waiting", "running", "swapped")) > 0
+    if not step["batch"]["slots"] or not busy_before or step["step"] != prev["step"] + 1:
+        return None
+    total = step["dur_ms"]["total"]
+    x = recorded_features(step, knobs.get("expert_capacity_factor"))
+    overhead = max(0.0, (step["t"] - prev["t"]) * 1000 - total)
+    return np.concatenate([x, [total, min(step["dur_ms"]["moe"], total), overhead]])
+
+
+def stack(rows: Sequence[np.ndarray]) -> Rows:
+    """`training_row`s as Rows."""
+    a = np.array(rows, dtype=np.float64).reshape(-1, len(FEATURES) + 3)
+    n = len(FEATURES)
+    return Rows(a[:, :n], a[:, n], a[:, n + 1], a[:, n + 2])
+
+
+def training_rows(steps: list[dict[str, Any]], knobs: list[dict[str, Any]]) -> Rows:
+    """The rows of the steps that ran work right after a busy step."""
+    pairs = zip(steps, steps[1:], knobs[1:], strict=False)
+    return stack([r for p, s, k in pairs if (r := training_row(p, s, k)) is not None])
 
 
 def fit(steps: list[dict[str, Any]], initial_knobs: dict[str, Any]) -> CostModel:
     """Fit from recorded StepTelemetry dicts (in step order) and the session's first knobs.
 
     Raises InvalidInput (`source`) when fewer than MIN_STEPS busy steps are there."""
-    x, step_ms, moe_ms, overhead_ms = training_rows(steps, knobs_by_step(initial_knobs, steps))
+    return fit_rows(training_rows(steps, knobs_by_step(initial_knobs, steps)))
+
+
+def fit_rows(rows: Rows) -> CostModel:
+    """Fit from training rows; InvalidInput (`source`) with fewer than MIN_STEPS."""
+    x, step_ms, moe_ms, overhead_ms = rows
     if len(x) < MIN_STEPS:
         raise InvalidInput(
             f"a cost model needs at least {MIN_STEPS} busy steps that follow another; "

@@ -8,7 +8,7 @@ from engine.errors import InvalidInput
 from engine.knobs import Knobs, validate_knobs
 from engine.queue_snapshot import QueuedRequest, QueueSnapshot
 from engine.telemetry import KnobChange
-from tuning.cost_model import fit
+from tuning.cost_model import Rows, fit_rows
 from tuning.experts import ExpertDraw
 from tuning.trace import TraceItem, blocks_needed
 from tuning.whatif import Twin, engine_setup
@@ -73,6 +73,7 @@ def live_trace(
 def twin_from_live(
     config: dict[str, Any],
     steps: list[dict[str, Any]],
+    rows: Rows,
     recent: list[dict[str, Any]],
     snapshot: QueueSnapshot,
     window_s: float,
@@ -82,17 +83,16 @@ def twin_from_live(
     """The live engine's twin and the approximations it makes, as sentences.
 
     `config` describes the engine (as /api/status); `steps` are its recent StepTelemetry dicts
-    in step order and `recent` its recently ended RequestRecord dicts; `snapshot` holds the
-    queue and every knob change applied since the first of `steps` (and since `version`).
-    The twin's knobs are those in force at `version` (default: at the snapshot).
-    Raises InvalidInput (`source`) when the steps are too few to fit."""
+    (whose expert loads the twin draws from), `rows` the cost model's training rows
+    (`tuning.fit_rows`) and `recent` its recently ended RequestRecord dicts; `snapshot` holds
+    the queue and every knob change applied since `version`. The twin's knobs are those in
+    force at `version` (default: at the snapshot).
+    Raises InvalidInput (`source`) when the rows are too few to fit."""
     setup, context = engine_setup(config)
     if not steps:
         raise InvalidInput("the live engine has run no steps yet: nothing to fit", "source")
     try:
-        model = fit(
-            steps, knobs_at(snapshot.knobs, snapshot.knob_changes, steps[0]["knobs_version"])
-        )
+        model = fit_rows(rows)
     except InvalidInput as exc:
         raise InvalidInput(f"the live engine has seen too few steps: {exc}", "source") from None
     trace = live_trace(snapshot.requests, recent, snapshot.t, window_s, horizon_s)

@@ -170,6 +170,33 @@ def test_a_queue_past_the_ttft_target_is_a_miss_before_its_requests_end() -> Non
     assert decision.reason.startswith("p90 TTFT")
 
 
+def counted(requests: int, current: int, better: int) -> Any:
+    """An evaluate whose twin simulates `requests`, `current` of them attaining with the knobs
+    as they are and `better` under every candidate."""
+
+    def run(changes: list[dict[str, Any]], window_s: float) -> list[Trial]:
+        out = {"latencies_ms": [(100.0, 10.0)] * requests, "unfinished": 0}
+        return [Trial(c, out, 1.0, (better if c else current) / requests) for c in changes]
+
+    return run
+
+
+def test_a_gain_of_one_simulated_request_is_within_the_twins_error() -> None:
+    """One more of nine simulated requests attaining is a gain of 0.11, above `gain`, but
+    whether one request makes its targets is within the twin's error; two more of eighteen,
+    the same share, is a change."""
+    misses = [record(95 + 0.4 * i, 600.0 if i % 2 else 100.0) for i in range(10)]
+    pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50))
+    assert pilot.tick(100.0, Knobs(), misses, no_attribution, counted(9, 8, 9)) is None
+    assert pilot.note == (
+        "no candidate predicted to gain 0.22 in score (best +0.111); a gain must be worth 2 "
+        "of the 9 requests simulated"
+    )
+    pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50))
+    decision = pilot.tick(100.0, Knobs(), misses, no_attribution, counted(18, 16, 18))
+    assert decision is not None and decision.action == "change"
+
+
 def test_a_change_that_makes_attainment_worse_is_rolled_back_and_backed_off() -> None:
     pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50, min_gap_s=4.0))
     knobs = Knobs(max_num_seqs=8)
