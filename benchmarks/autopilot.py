@@ -112,7 +112,9 @@ def run(
         "started": started,
         **scores(records, args, started),
         "phases": [scores(in_phase(records, started, i, args), args, started) for i in range(4)],
-        "changes": [{"t": c["t"] - started, "changes": c["changes"]} for c in changes],
+        "changes": [
+            {"t": c["t"] - started, "changes": c["changes"], "reason": c["reason"]} for c in changes
+        ],
         "cpu_share": 100 * pilot["cpu_s"] / engine_s if engine_s else 0.0,
         "records": records,
     }
@@ -251,9 +253,11 @@ def render(args: argparse.Namespace, argv: list[str], out: dict[str, Any], total
         cells += [spread([r["phases"][i]["attainment"] or 0.0 for r in rs]) for i in range(4)]
         cells.append(spread([float(len(r["changes"])) for r in rs]))
         lines.append(f"| {kind} | " + " | ".join(cells) + " |")
-    lines += ["", "The autopilot's changes (first run), seconds from the start:", ""]
-    first = next(r for r in out["runs"] if r["kind"] == "autopilot")
-    lines += [f"- {c['t']:.1f} s: {c['changes']}" for c in first["changes"]] or ["- none"]
+    lines += ["", "The autopilot's changes, seconds from the start, with its reasons:", ""]
+    pilots = [r for r in out["runs"] if r["kind"] == "autopilot"]
+    for i, r in enumerate(pilots, 1):
+        lines.append(f"- run {i}:" + ("" if r["changes"] else " none"))
+        lines += [f"  - {c['t']:.1f} s: {c['changes']}: {c['reason']}" for c in r["changes"]]
     v = out["summary"]["values"]
     lines += [
         "",

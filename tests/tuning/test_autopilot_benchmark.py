@@ -22,3 +22,4 @@ def test_quick_run_scores_every_kind_of_run(tmp_path: Path) -> None:
     text = results.read_text()
     assert all(text.count(m) == 1 for m in markers(bench.SECTION))
     assert text.count("[met]") + text.count("[MISSED]") == len(bench.TARGETS)
+    assert "- run 1:" in text  # the autopilot's changes, each with its reason
