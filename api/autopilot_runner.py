@@ -103,7 +103,8 @@ class AutopilotRunner:
         steps = list(self.window.steps)
         rows = self.window.fit_rows.rows()
         try:
-            since = steps[0]["knobs_version"] if steps else 0
+            # the twin runs under the knobs in force: no earlier change need come with them
+            since = self.engine_loop.engine.applied_knobs_version
             snapshot = await asyncio.wrap_future(self.engine_loop.snapshot(since))
         except EngineDead:
             return None

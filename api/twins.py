@@ -51,8 +51,8 @@ class Twins:
         (`source`) with too few steps, EngineDead when the engine is gone."""
         self.window.drain()
         steps = list(self.window.steps)
-        since = steps[0]["knobs_version"] if steps else 0
-        since = since if version is None else min(since, version)
+        # only the changes after `version` are undone to reach its knobs
+        since = self.engine_loop.engine.applied_knobs_version if version is None else version
         snapshot = await asyncio.wrap_future(self.engine_loop.snapshot(since))
         recent = list(self.window.records)
         window_s = arrival_window(snapshot.t - self.window.started_t)
