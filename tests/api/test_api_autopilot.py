@@ -87,7 +87,9 @@ def arrivals(served: Served, every_s: float, max_tokens: int) -> Iterator[None]:
 
 def test_queueing_for_the_slot_moves_max_num_seqs_up_with_its_reason(one_slot: Served) -> None:
     """20 requests a second of 48 tokens each: one slot serves at most half of them (a step
-    takes over a millisecond), so the queue and TTFT grow until the autopilot adds slots."""
+    takes over a millisecond), so the queue and TTFT grow until the autopilot adds slots.
+    It is enabled once a queue has built: the arrivals from idle are also a load shift, which
+    it may act on before it has measured a TTFT miss, and then says so instead."""
     settings = {
         "enabled": True,
         "interval_s": 0.2,
@@ -103,7 +105,11 @@ def test_queueing_for_the_slot_moves_max_num_seqs_up_with_its_reason(one_slot: S
         history = httpx.get(one_slot.url + "/api/knobs/history", timeout=30).json()["changes"]
         return [c for c in history if c["origin"] == "autopilot"]
 
+    def waiting() -> int:
+        return int(httpx.get(one_slot.url + "/api/status", timeout=30).json()["queue"]["waiting"])
+
     with arrivals(one_slot, 0.05, 48):
+        wait_for(lambda: waiting() >= 12, what="a queue for the one slot")
         assert put(one_slot, settings).status_code == 200
         wait_for(lambda: changed(), what="an autopilot change")
     first = changed()[0]
