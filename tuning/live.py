@@ -42,9 +42,8 @@ def live_trace(
 ) -> list[TraceItem]:
     """The trace from `now` on: the queued requests first, in the engine's order, all due at
     once; then the arrivals of the last `window_s` seconds (ended RequestRecord dicts in
-    `recent`, and the queued requests) mirrored into the future, in time order: one that
-    arrived x seconds ago arrives again x seconds from now, and every `window_s` after that,
-    up to `horizon_s`.
+    `recent`, and the queued requests) mirrored into the future, in time order (see
+    `_over_horizon`).
 
     A queued request with output so far enters at 0 with its prompt and output as its
     prompt (it re-prefills) and the rest of its max_tokens to go; one without output keeps
@@ -60,14 +59,35 @@ def live_trace(
     ]
     pattern += [(q.arrival, q.prompt_len, q.max_tokens, q.priority) for q in queued]
     pattern = [(now - a, p, n, pr) for a, p, n, pr in pattern if now - a <= window_s and n > 0]
-    repeats = math.ceil(horizon_s / window_s) if window_s > 0 else 0
-    future = [
-        TraceItem(offset, p, n, pr)
-        for k in range(repeats)
-        for ago, p, n, pr in pattern
-        if 0 <= (offset := ago + k * window_s) <= horizon_s
-    ]
+    future = _over_horizon(pattern, window_s, horizon_s)
     return items + sorted(future, key=lambda item: item.offset_s)
+
+
+def _over_horizon(
+    pattern: list[tuple[float, int, int, int]], window_s: float, horizon_s: float
+) -> list[TraceItem]:
+    """The arrivals in `pattern` ((seconds ago, prompt, output, priority)) laid over the
+    horizon at the window's rate. A window no longer than the horizon repeats: one that
+    arrived x s ago arrives again x s from now and every `window_s` after. A longer one is
+    squeezed in: x s ago comes x * horizon / window s from now, and only an evenly spaced
+    horizon / window of the arrivals (in time order) are kept, so the lengths of the whole
+    window count, not only those of its last `horizon_s`."""
+    if window_s <= 0:
+        return []
+    if window_s <= horizon_s:
+        return [
+            TraceItem(offset, p, n, pr)
+            for k in range(math.ceil(horizon_s / window_s))
+            for ago, p, n, pr in pattern
+            if 0 <= (offset := ago + k * window_s) <= horizon_s
+        ]
+    share = horizon_s / window_s
+    # the i-th arrival is kept when the running count i * share, rounded, steps up at it
+    return [
+        TraceItem(ago * share, p, n, pr)
+        for i, (ago, p, n, pr) in enumerate(sorted(pattern))
+        if math.floor((i + 1) * share + 0.5) > math.floor(i * share + 0.5)
+    ]
 
 
 def twin_from_live(
@@ -112,8 +132,20 @@ def _notes(snapshot: QueueSnapshot, size: int, window_s: float, horizon_s: float
         "output so far re-prefill their prompt and output (no KV cache is carried over, "
         "swapped ones included) and their TTFT and TPOT count from now; those without "
         "output keep their arrival, so their TTFT counts the wait so far",
-        f"new arrivals mirror the last {window_s:.1f} s: a request that arrived x s ago arrives "
-        f"again x s from now and every {window_s:.1f} s after ({size - queued} within the "
-        f"{horizon_s:g} s horizon, lengths as recorded; requests still in the engine are "
-        "taken to run to max_tokens)",
+        f"new arrivals mirror the last {window_s:.1f} s: {_mirror_text(window_s, horizon_s)} "
+        f"({size - queued} within the {horizon_s:g} s horizon, lengths as recorded; requests "
+        "still in the engine are taken to run to max_tokens)",
     ]
+
+
+def _mirror_text(window_s: float, horizon_s: float) -> str:
+    if window_s <= horizon_s:
+        return (
+            "a request that arrived x s ago arrives again x s from now and every "
+            f"{window_s:.1f} s after"
+        )
+    share = horizon_s / window_s
+    return (
+        f"squeezed into the horizon at the same rate: a request that arrived x s ago arrives "
+        f"again {share:.2g}x s from now, and an evenly spaced {share:.0%} of them are kept"
+    )

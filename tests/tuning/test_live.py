@@ -52,7 +52,7 @@ def test_priorities_go_with_the_requests_queued_and_mirrored() -> None:
         QueuedRequest("waiting", NOW - 2.0, 30, 0, 8, -1),
     ]
     recent = [record(NOW - 4.0, 9, 4, priority=7), {**record(NOW - 5.0, 6, 2), "priority": None}]
-    trace = live_trace(queued, recent, NOW, window_s=10.0, horizon_s=6.0)
+    trace = live_trace(queued, recent, NOW, window_s=10.0, horizon_s=10.0)
     assert trace == [
         TraceItem(0.0, 25, 7, 3),
         TraceItem(-2.0, 30, 8, -1),
@@ -60,6 +60,20 @@ def test_priorities_go_with_the_requests_queued_and_mirrored() -> None:
         TraceItem(2.0, 30, 8, -1),
         TraceItem(4.0, 9, 4, 7),
         TraceItem(5.0, 6, 2, 0),  # a record from before priorities: 0
+    ]
+
+
+def test_a_window_longer_than_the_horizon_is_squeezed_into_it_at_its_rate() -> None:
+    # 12 arrivals over the last 20 s, prompt length = seconds ago; a 5 s horizon holds a
+    # quarter of them, evenly spaced over the whole window, at a quarter of their age
+    recent = [record(NOW - ago, ago, 4) for ago in range(1, 13)]
+    recent += [record(NOW - ago, ago, 4) for ago in (14, 16, 18, 20)]
+    trace = live_trace([], recent, NOW, window_s=20.0, horizon_s=5.0)
+    assert [(t.offset_s, t.prompt_len) for t in trace] == [
+        (0.5, 2),
+        (1.5, 6),
+        (2.5, 10),
+        (4.0, 16),
     ]
 
 
