@@ -4,10 +4,12 @@ One workload on issue 17's model (and on a fine-grained MoE shape): 128 requests
 once, prompts log-uniform 16-512 tokens, 32 output tokens each, greedy. Prefill tok/s is the
 prompt tokens over the forward seconds of the steps that carry them; decode tok/s at batch
 128 is 128 over the median forward of the decode-only steps with all 128 running. Arms
-(float32, bf16 and float32 again, an A/A control) run in rotating order, each round on a fresh
-engine, at a fixed thread count. Each row's headline is its fastest round (the one other
-processes on the shared machine disturbed least); every round is shown beside it, and the
-f32 A/A row is the noise floor of that choice.
+(float32, bf16 and float32 again, an A/A control, with the experts on the CPU's default
+backend, the native grouped GEMM; then the previous defaults: oneDNN experts for float32,
+grouped_mm for bf16) run in rotating order, each round on a fresh engine, at a fixed thread
+count. Each row's headline is its fastest round (the one other processes on the shared
+machine disturbed least); every round is shown beside it, and the f32 A/A row is the noise
+floor of that choice.
 
 Writes its section of benchmarks/RESULTS.md.
 
@@ -35,6 +37,7 @@ from offline_runners import (
     build_checkpoint,
     make_engine,
     make_workload,
+    moe_backend,
     progress,
     warm_ours,
 )
@@ -44,7 +47,15 @@ from targets import Target
 from engine import SamplingParams
 
 SECTION = "forward"
-ARMS = {"f32": "float32", "bf16": "bfloat16", "f32 (A/A)": "float32"}
+# arm -> (dtype, MoE backend; None: the CPU's default, the native grouped GEMM). The oneDNN
+# and grouped_mm arms are the defaults before it, measured beside it.
+ARMS: dict[str, tuple[str, str | None]] = {
+    "f32": ("float32", None),
+    "bf16": ("bfloat16", None),
+    "f32 (A/A)": ("float32", None),
+    "f32, oneDNN experts": ("float32", "onednn"),
+    "bf16, grouped_mm experts": ("bfloat16", "torch"),
+}
 TARGETS = {
     "decode": Target("decode at batch 128, the faster precision's fastest round (tok/s)", 1500),
     "prefill": Target("prefill, the faster precision's fastest round (tok/s)", 2500),
@@ -103,7 +114,9 @@ def run_shape(args: argparse.Namespace, name: str, shape: Shape, root: Path) -> 
     for r in range(args.rounds):
         for arm in names[r % len(names) :] + names[: r % len(names)]:
             progress(f"{name}: round {r + 1}/{args.rounds}, {arm}")
-            arms[arm].append(run_arm(path, ARMS[arm], wl, args.threads))
+            dtype, backend = ARMS[arm]
+            with moe_backend(backend):
+                arms[arm].append(run_arm(path, dtype, wl, args.threads))
     return {"shape": shape, "arms": arms, "batch": args.requests}
 
 

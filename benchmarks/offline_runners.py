@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import random
 import time
 from collections.abc import Iterator
@@ -27,6 +28,20 @@ STAGES = ("schedule", "prepare", "forward", "moe", "sample", "total")
 
 def progress(message: str) -> None:
     print(message, flush=True)
+
+
+@contextlib.contextmanager
+def moe_backend(name: str | None) -> Iterator[None]:
+    """MOESCOPE_MOE_BACKEND=name for the duration (None: the default), then as it was."""
+    old = os.environ.pop("MOESCOPE_MOE_BACKEND", None)
+    if name is not None:
+        os.environ["MOESCOPE_MOE_BACKEND"] = name
+    try:
+        yield
+    finally:
+        os.environ.pop("MOESCOPE_MOE_BACKEND", None)
+        if old is not None:
+            os.environ["MOESCOPE_MOE_BACKEND"] = old
 
 
 # ---------------------------------------------------------------- model and workload

@@ -1,10 +1,11 @@
 """Backend selection, in one place, for the expert computation and for decode attention.
 
-Default: Triton for CUDA tensors (when triton is installed); on the CPU, oneDNN for float32
-experts (when torch has it: kernels.onednn_moe) and torch otherwise.
-MOESCOPE_MOE_BACKEND=triton|torch|onednn|loop and MOESCOPE_ATTN_BACKEND=triton|torch override it;
-they are read at every call. `triton` on CPU tensors runs in Triton's interpreter (slowly but
-exactly; see kernels.triton_env for how TRITON_INTERPRET is set).
+Default: Triton for CUDA tensors (when triton is installed); on the CPU, the native grouped
+GEMM (kernels.native_moe) when it builds, else oneDNN for float32 (kernels.onednn_moe) and
+torch otherwise.
+MOESCOPE_MOE_BACKEND=triton|torch|native|onednn|loop and MOESCOPE_ATTN_BACKEND=triton|torch
+override it; they are read at every call. `triton` on CPU tensors runs in Triton's
+interpreter (slowly but exactly; see kernels.triton_env for how TRITON_INTERPRET is set).
 """
 
 import importlib.util
@@ -14,14 +15,19 @@ from typing import Literal
 
 import torch
 
-from kernels import onednn_moe
+from kernels import native_moe, onednn_moe
 from kernels.grouped_gemm import combine_experts, expert_ffn, expert_ffn_loop
 from kernels.paged_attention import decode_attention_torch
 
-MoEBackend = Literal["triton", "torch", "onednn", "loop"]
+MoEBackend = Literal["triton", "torch", "native", "onednn", "loop"]
 AttnBackend = Literal["triton", "torch"]
-MOE_BACKENDS: tuple[str, ...] = ("triton", "torch", "onednn", "loop")
-FFNS = {"torch": expert_ffn, "onednn": onednn_moe.expert_ffn_onednn, "loop": expert_ffn_loop}
+MOE_BACKENDS: tuple[str, ...] = ("triton", "torch", "native", "onednn", "loop")
+FFNS = {
+    "torch": expert_ffn,
+    "native": native_moe.expert_ffn_native,
+    "onednn": onednn_moe.expert_ffn_onednn,
+    "loop": expert_ffn_loop,
+}
 ATTN_BACKENDS: tuple[str, ...] = ("triton", "torch")
 
 
@@ -40,12 +46,18 @@ def _choose(var: str, allowed: tuple[str, ...], device: torch.device, cpu: str =
     return name
 
 
+def cpu_moe_backend(dtype: torch.dtype) -> MoEBackend:
+    """The CPU's default for `dtype` experts. oneDNN is the fallback for float32 only: for
+    bf16, grouped_mm is as fast (RESULTS.md)."""
+    if dtype in native_moe.DTYPES and native_moe.available():
+        return "native"
+    return "onednn" if dtype == torch.float32 and onednn_moe.available() else "torch"
+
+
 def moe_backend(device: torch.device, dtype: torch.dtype) -> MoEBackend:
-    """The MoE backend for `dtype` tensors on `device` (MOESCOPE_MOE_BACKEND overrides).
-    oneDNN is the CPU's for float32 only: for bf16, grouped_mm is as fast (RESULTS.md)."""
-    onednn = device.type == "cpu" and dtype == torch.float32 and onednn_moe.available()
-    name = _choose("MOESCOPE_MOE_BACKEND", MOE_BACKENDS, device, "onednn" if onednn else "torch")
-    return name  # type: ignore[return-value]
+    """The MoE backend for `dtype` tensors on `device` (MOESCOPE_MOE_BACKEND overrides)."""
+    cpu = cpu_moe_backend(dtype) if device.type == "cpu" else "torch"
+    return _choose("MOESCOPE_MOE_BACKEND", MOE_BACKENDS, device, cpu)  # type: ignore[return-value]
 
 
 def attn_backend(device: torch.device) -> AttnBackend:

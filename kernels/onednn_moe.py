@@ -4,35 +4,25 @@ torch's `grouped_mm` runs a float32 GEMM of a few rows per expert on one thread 
 the weights as they are; oneDNN's inner product with prepacked weights (the op inductor's
 CPU freezing uses) runs the same rows on every thread, 1.3-1.8x faster at 2-32 rows per
 expert on this project's machine (benchmarks/RESULTS.md, "MoE layer"). The packed copies
-are kept per weight tensor, beside it (twice the experts' memory), and rebuilt when the
-tensor changes: a new storage, or an in-place write such as loading a checkpoint.
+are kept beside the weights (twice the experts' memory; kernels.packing).
 """
-
-import weakref
 
 import torch
 import torch.nn.functional as F
 
-# id(weight) -> (its version and storage when packed, one packed matrix per expert); a
-# weight's entry goes with it (weakref.finalize), before its id can be reused
-_packed: dict[int, tuple[tuple[int, int], list[torch.Tensor]]] = {}
+from kernels.packing import PackedWeights
 
 
 def available() -> bool:
     return torch.backends.mkldnn.is_available()
 
 
-def packed(w: torch.Tensor) -> list[torch.Tensor]:
-    """w [E, K, N] as E oneDNN weights [N, K] (an inner product's layout), packed once."""
-    # an inference tensor keeps no version counter (and is written only in inference mode)
-    stamp = (-1 if w.is_inference() else w._version, w.data_ptr())
-    hit = _packed.get(id(w))
-    if hit is None:
-        weakref.finalize(w, _packed.pop, id(w), None)
-    if hit is None or hit[0] != stamp:
-        hit = (stamp, [w[e].t().contiguous().to_mkldnn() for e in range(w.shape[0])])
-        _packed[id(w)] = hit
-    return hit[1]
+def _pack(w: torch.Tensor) -> list[torch.Tensor]:
+    """w [E, K, N] as E oneDNN weights [N, K] (an inner product's layout)."""
+    return [w[e].t().contiguous().to_mkldnn() for e in range(w.shape[0])]
+
+
+packed = PackedWeights(_pack)
 
 
 def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

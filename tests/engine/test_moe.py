@@ -136,23 +136,24 @@ def dense_moe(block: MoEBlock, x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("shared", [0, 16])
 @pytest.mark.parametrize("capacity_factor", [None, 0.6])
-def test_moe_block_torch_backend_equals_loop(
+def test_moe_block_grouped_backends_equal_loop(
     monkeypatch: pytest.MonkeyPatch, shared: int, capacity_factor: float | None
 ) -> None:
     block = moe_block(moe_config(shared), seed=3)
     x = nonzero_randn(TOKENS, HIDDEN, gen=torch.Generator().manual_seed(4))
     outs = {}
     with torch.no_grad():
-        for backend in ("loop", "torch"):
+        for backend in ("loop", "torch", "native"):
             monkeypatch.setenv("MOESCOPE_MOE_BACKEND", backend)
             ctx = context(TOKENS, capacity_factor)
             outs[backend] = block(x, ctx)
             assert len(ctx.expert_counts) == len(ctx.expert_dropped) == 1
             assert int(ctx.expert_counts[0].sum()) == TOKENS * block.top_k
             assert (int(ctx.expert_dropped[0]) > 0) == (capacity_factor is not None)
-        assert rel_err(outs["torch"], outs["loop"]) <= 1e-5
-        if capacity_factor is None:
-            assert rel_err(outs["torch"], dense_moe(block, x)) <= 1e-5
+        for backend in ("torch", "native"):
+            assert rel_err(outs[backend], outs["loop"]) <= 1e-5
+            if capacity_factor is None:
+                assert rel_err(outs[backend], dense_moe(block, x)) <= 1e-5
 
 
 def test_moe_block_refuses_unknown_backend(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,10 +1,17 @@
-"""The Triton MoE kernel equals the plain-torch per-expert reference."""
+"""The MoE kernels (Triton, the native CPU grouped GEMM, oneDNN) equal the plain-torch
+per-expert reference."""
 
 import pytest
 import torch
 from kernel_inputs import DEVICE, nonzero_randn, rel_err, routing
 
-from kernels import combine_experts, expert_ffn_loop, moe_backend, moe_experts, onednn_moe
+from kernels import (
+    combine_experts,
+    expert_ffn_loop,
+    moe_backend,
+    moe_experts,
+    native_moe,
+)
 from kernels.gemm_configs import GemmConfig, MoEConfig
 from kernels.triton_moe import fused_moe
 
@@ -110,6 +117,7 @@ def test_no_rows_gives_zeros() -> None:
 
 CPU_ONLY = {
     "torch": "torch grouped_mm on CUDA is bf16 only",
+    "native": "the native kernel is the CPU's",
     "onednn": "oneDNN is the CPU's",
 }
 # Triton on one shape only: test_fp32_matches_reference runs it on every shape
@@ -142,10 +150,13 @@ def test_backends_agree(
     assert rel_err(moe_experts(*args), reference(*args)) < 1e-5
 
 
-@pytest.mark.skipif(DEVICE.type == "cuda", reason="oneDNN is the CPU's")
-def test_onednn_repacks_weights_written_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.skipif(DEVICE.type == "cuda", reason="packed weights are the CPU's")
+@pytest.mark.parametrize("backend", ["native", "onednn"])
+def test_packed_weights_are_repacked_when_written_in_place(
+    monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
     """A checkpoint loaded into the same parameters must not leave the old packing behind."""
-    monkeypatch.setenv("MOESCOPE_MOE_BACKEND", "onednn")
+    monkeypatch.setenv("MOESCOPE_MOE_BACKEND", backend)
     x, w_gate_up, w_down, order, per_expert, w = case(SHAPES[4], torch.float32, seed=9)
     before = moe_experts(x, w_gate_up, w_down, order, per_expert, w)
     with torch.no_grad():
@@ -156,9 +167,12 @@ def test_onednn_repacks_weights_written_in_place(monkeypatch: pytest.MonkeyPatch
     assert rel_err(after, before) > 0.1
 
 
-@pytest.mark.skipif(DEVICE.type == "cuda", reason="oneDNN is the CPU's")
-def test_onednn_takes_weights_made_in_inference_mode(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MOESCOPE_MOE_BACKEND", "onednn")
+@pytest.mark.skipif(DEVICE.type == "cuda", reason="packed weights are the CPU's")
+@pytest.mark.parametrize("backend", ["native", "onednn"])
+def test_packed_weights_made_in_inference_mode(
+    monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    monkeypatch.setenv("MOESCOPE_MOE_BACKEND", backend)
     with torch.inference_mode():
         args = case(SHAPES[1], torch.float32, seed=10)
         assert args[1].is_inference()
@@ -168,8 +182,10 @@ def test_onednn_takes_weights_made_in_inference_mode(monkeypatch: pytest.MonkeyP
 def test_backend_default_and_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MOESCOPE_MOE_BACKEND", raising=False)
     cpu = torch.device("cpu")
-    assert moe_backend(cpu, torch.float32) == ("onednn" if onednn_moe.available() else "torch")
-    assert moe_backend(cpu, torch.bfloat16) == "torch"
+    assert native_moe.available()  # g++ is part of the environment (README)
+    assert moe_backend(cpu, torch.float32) == "native"
+    assert moe_backend(cpu, torch.bfloat16) == "native"
+    assert moe_backend(cpu, torch.float16) == "torch"
     assert moe_backend(torch.device("cuda"), torch.float32) == "triton"
     monkeypatch.setenv("MOESCOPE_MOE_BACKEND", "cutlass")
     with pytest.raises(ValueError, match="MOESCOPE_MOE_BACKEND"):

@@ -16,8 +16,9 @@ def test_quick_run_times_every_implementation(tmp_path: Path) -> None:
     other = "<!-- offline_throughput:begin -->\nkept\n<!-- offline_throughput:end -->"
     results.write_text(f"# Benchmark results\n\n{other}\n")
     out = bench.main(["--quick", "--results", str(results)])
-    assert out["names"][0] == "moescope MoEBlock (grouped_mm)" and len(out["names"]) == 6
-    assert "moescope MoEBlock (oneDNN, the CPU's float32 default)" in out["names"]
+    assert out["names"][0] == "moescope MoEBlock (grouped_mm)" and len(out["names"]) == 7
+    assert "moescope MoEBlock (native grouped GEMM, the CPU's default)" in out["names"]
+    assert "moescope MoEBlock (oneDNN)" in out["names"]
     assert "transformers MixtralSparseMoeBlock (eager)" in out["names"]
     assert list(out["ms"]) == [1, 8]
     assert all(set(ms) == set(out["names"]) for ms in out["ms"].values())
