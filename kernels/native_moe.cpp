@@ -7,6 +7,8 @@
 // in registers while its weights stream past, and the threads split the tiles, not each
 // expert's GEMM, so they meet once per call rather than once per expert. Rows and sums are
 // float32; weights float32 or bfloat16 (widened as they are read: half the bytes to stream).
+#include <immintrin.h>
+
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -59,35 +61,92 @@ inline v16 exp16(v16 x) {
   return out;
 }
 
-// M rows of x, packed [K][MB], times one packed column block w [K][NB] into acc [M][NB]
-template <int M, typename T>
-inline void tile(const float* x, const T* w, int64_t K, float* acc) {
-  v16 a[M][V];
-  for (int m = 0; m < M; ++m)
-    for (int v = 0; v < V; ++v) a[m][v] = v16{};
-  for (int64_t k = 0; k < K; ++k) {
-    v16 wv[V];
-    for (int v = 0; v < V; ++v) wv[v] = vec(w + k * NB + 16 * v);
-    for (int m = 0; m < M; ++m) {
-      float s = x[k * MB + m];
-      for (int v = 0; v < V; ++v) a[m][v] += s * wv[v];
-    }
+// How one weight dtype is multiplied. A path packs each row of x (K values) into D values of
+// X, spaced MB apart (a group of MB rows is [D][MB]); its weight blocks are [D][NB][LANES];
+// `tile` sums M packed rows times one block into acc [M][NB].
+template <typename T>
+struct Wide {  // T float32 or bfloat16 weights, widened to float32 as read
+  using W = T;
+  using X = float;
+  static constexpr int LANES = 1;
+  static int64_t depth(int64_t K) { return K; }
+  static void pack(const float* row, int64_t K, X* dst) {
+    for (int64_t k = 0; k < K; ++k) dst[k * MB] = row[k];
   }
-  for (int m = 0; m < M; ++m)
-    for (int v = 0; v < V; ++v) std::memcpy(acc + m * NB + 16 * v, &a[m][v], 64);
+  template <int M>
+  static void tile(const X* x, const W* w, int64_t D, float* acc) {
+    v16 a[M][V];
+    for (int m = 0; m < M; ++m)
+      for (int v = 0; v < V; ++v) a[m][v] = v16{};
+    for (int64_t k = 0; k < D; ++k) {
+      v16 wv[V];
+      for (int v = 0; v < V; ++v) wv[v] = vec(w + k * NB + 16 * v);
+      for (int m = 0; m < M; ++m) {
+        const float s = x[k * MB + m];
+        for (int v = 0; v < V; ++v) a[m][v] += s * wv[v];
+      }
+    }
+    for (int m = 0; m < M; ++m)
+      for (int v = 0; v < V; ++v) std::memcpy(acc + m * NB + 16 * v, &a[m][v], 64);
+  }
+};
+
+#ifdef __AVX512BF16__
+inline uint32_t to_bf16(float f) {  // round to nearest even, as torch does
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  return (bits + 0x7fff + ((bits >> 16) & 1)) >> 16;
 }
 
-template <typename T>
-void tile_rows(const float* x, const T* w, int64_t K, int mb, float* acc) {
+// bfloat16 weights and rows, in pairs along K (one 32-bit lane holds k = 2d and 2d + 1), by
+// AVX512-BF16's dot product: twice the products of an instruction of the widening path.
+struct Bf16Pairs {
+  using W = uint16_t;
+  using X = uint32_t;
+  static constexpr int LANES = 2;
+  static int64_t depth(int64_t K) { return (K + 1) / 2; }
+  static void pack(const float* row, int64_t K, X* dst) {
+    for (int64_t d = 0; d < depth(K); ++d) {
+      const uint32_t hi = 2 * d + 1 < K ? to_bf16(row[2 * d + 1]) : 0;
+      dst[d * MB] = to_bf16(row[2 * d]) | hi << 16;
+    }
+  }
+  template <int M>
+  static void tile(const X* x, const W* w, int64_t D, float* acc) {
+    static_assert(V == 2, "a tile is two vectors of 16 columns");
+    __m512 a[M][2];
+    for (int m = 0; m < M; ++m) a[m][0] = a[m][1] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; ++d) {
+      const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w + d * 2 * NB);
+      const __m512bh w1 = (__m512bh)_mm512_loadu_si512(w + d * 2 * NB + NB);
+      for (int m = 0; m < M; ++m) {
+        const __m512bh xv = (__m512bh)_mm512_set1_epi32(int(x[d * MB + m]));
+        a[m][0] = _mm512_dpbf16_ps(a[m][0], xv, w0);
+        a[m][1] = _mm512_dpbf16_ps(a[m][1], xv, w1);
+      }
+    }
+    for (int m = 0; m < M; ++m) {
+      _mm512_storeu_ps(acc + m * NB, a[m][0]);
+      _mm512_storeu_ps(acc + m * NB + 16, a[m][1]);
+    }
+  }
+};
+using Bf16 = Bf16Pairs;
+#else
+using Bf16 = Wide<uint16_t>;
+#endif
+
+template <typename P>
+void tile_rows(const typename P::X* x, const typename P::W* w, int64_t D, int mb, float* acc) {
   switch (mb) {
-    case 1: return tile<1>(x, w, K, acc);
-    case 2: return tile<2>(x, w, K, acc);
-    case 3: return tile<3>(x, w, K, acc);
-    case 4: return tile<4>(x, w, K, acc);
-    case 5: return tile<5>(x, w, K, acc);
-    case 6: return tile<6>(x, w, K, acc);
-    case 7: return tile<7>(x, w, K, acc);
-    default: return tile<8>(x, w, K, acc);
+    case 1: return P::template tile<1>(x, w, D, acc);
+    case 2: return P::template tile<2>(x, w, D, acc);
+    case 3: return P::template tile<3>(x, w, D, acc);
+    case 4: return P::template tile<4>(x, w, D, acc);
+    case 5: return P::template tile<5>(x, w, D, acc);
+    case 6: return P::template tile<6>(x, w, D, acc);
+    case 7: return P::template tile<7>(x, w, D, acc);
+    default: return P::template tile<8>(x, w, D, acc);
   }
 }
 
@@ -112,10 +171,10 @@ inline void write(const float* acc, int mb, float* y, int64_t N, int64_t j) {
 
 // 0, or -1 (nothing written) when an expert's rows are not within x's M rows.
 // N: y's columns; with GateUp the packed weights have 2 * 16 columns per 16 of them.
-template <bool GateUp, typename T>
-int grouped_gemm(const float* x, int64_t M, int64_t K, const T* w, int64_t E, int64_t N,
-                 const int32_t* offsets, float* y, int threads) {
-  const int64_t width = GateUp ? 16 : NB, blocks = (N + width - 1) / width;
+template <bool GateUp, typename P>
+int grouped_gemm(const float* x, int64_t M, int64_t K, const typename P::W* w, int64_t E,
+                 int64_t N, const int32_t* offsets, float* y, int threads) {
+  const int64_t width = GateUp ? 16 : NB, blocks = (N + width - 1) / width, D = P::depth(K);
   struct Expert {
     int64_t id, start, end, group;  // group: its first row group's index
   };
@@ -129,13 +188,13 @@ int grouped_gemm(const float* x, int64_t M, int64_t K, const T* w, int64_t E, in
       groups += (offsets[e] - start + MB - 1) / MB;
     }
   }
-  // x's rows in groups of MB of one expert, each group packed [K][MB]: a tile reads its rows'
+  // x's rows in groups of MB of one expert, each group packed [D][MB]: a tile reads its rows'
   // values at one k from one cache line, where rows K floats apart would share cache sets.
   // Kept per calling thread and grown, never freed: a prefill's worth is megabytes, and
   // fresh pages every call would be faulted in every call.
-  thread_local std::vector<float> packed;
-  if (packed.size() < size_t(groups * K * MB)) packed.resize(groups * K * MB);
-  float* xp = packed.data();
+  thread_local std::vector<typename P::X> packed;
+  if (packed.size() < size_t(groups * D * MB)) packed.resize(groups * D * MB);
+  typename P::X* xp = packed.data();
   const int64_t tiles = int64_t(used.size()) * blocks;
 #pragma omp parallel num_threads(threads)
   {
@@ -143,16 +202,16 @@ int grouped_gemm(const float* x, int64_t M, int64_t K, const T* w, int64_t E, in
     for (int64_t u = 0; u < int64_t(used.size()); ++u)
       for (int64_t m0 = used[u].start, g = used[u].group; m0 < used[u].end; m0 += MB, ++g)
         for (int64_t m = 0; m < MB && m0 + m < used[u].end; ++m)
-          for (int64_t k = 0; k < K; ++k) xp[(g * K + k) * MB + m] = x[(m0 + m) * K + k];
+          P::pack(x + (m0 + m) * K, K, xp + g * D * MB + m);
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tiles; ++t) {
       const Expert& e = used[t / blocks];
       const int64_t j = t % blocks;
-      const T* wj = w + (e.id * blocks + j) * K * NB;
+      const typename P::W* wj = w + (e.id * blocks + j) * D * NB * P::LANES;
       float acc[MB * NB];
       for (int64_t m0 = e.start, g = e.group; m0 < e.end; m0 += MB, ++g) {
         const int mb = int(e.end - m0 < MB ? e.end - m0 : MB);
-        tile_rows(xp + g * K * MB, wj, K, mb, acc);
+        tile_rows<P>(xp + g * D * MB, wj, D, mb, acc);
         write<GateUp>(acc, mb, y + m0 * N, N, j);
       }
     }
@@ -164,15 +223,16 @@ int grouped_gemm(const float* x, int64_t M, int64_t K, const T* w, int64_t E, in
 
 extern "C" {
 int native_moe_block() { return NB; }
+int native_moe_bf16_lanes() { return Bf16::LANES; }  // bf16 weights packed in pairs along K: 2
 
-// float32 or bfloat16 (its bits as uint16) weights; float32 rows and sums
-#define ENTRY(name, gate_up, T)                                                               \
-  int name(const float* x, int64_t M, int64_t K, const T* w, int64_t E, int64_t N,           \
+// float32 or bfloat16 (its bits as uint16) weights; float32 rows in and sums out
+#define ENTRY(name, gate_up, P)                                                               \
+  int name(const float* x, int64_t M, int64_t K, const P::W* w, int64_t E, int64_t N,        \
            const int32_t* offsets, float* y, int threads) {                                  \
-    return grouped_gemm<gate_up>(x, M, K, w, E, N, offsets, y, threads);                     \
+    return grouped_gemm<gate_up, P>(x, M, K, w, E, N, offsets, y, threads);                  \
   }
-ENTRY(grouped_gemm_f32, false, float)
-ENTRY(grouped_gemm_bf16, false, uint16_t)
-ENTRY(grouped_gate_up_f32, true, float)
-ENTRY(grouped_gate_up_bf16, true, uint16_t)
+ENTRY(grouped_gemm_f32, false, Wide<float>)
+ENTRY(grouped_gemm_bf16, false, Bf16)
+ENTRY(grouped_gate_up_f32, true, Wide<float>)
+ENTRY(grouped_gate_up_bf16, true, Bf16)
 }

@@ -36,14 +36,19 @@ def per_expert(x: torch.Tensor, w: torch.Tensor, rows: list[int]) -> torch.Tenso
     "rows,k,n",
     [([3, 0, 1, 19], 40, 72), ([0, 0, 9], 7, 33), ([1], 512, 31), ([8, 16, 0, 2, 5], 64, 96)],
 )
-def test_grouped_gemm_equals_per_expert_matmuls(rows: list[int], k: int, n: int) -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_gemm_equals_per_expert_matmuls(
+    rows: list[int], k: int, n: int, dtype: torch.dtype
+) -> None:
+    """bf16 weights too (in pairs along K where the CPU has AVX512-BF16; K odd here and
+    there), with rows that bf16 holds exactly, so both ways of reading them are exact."""
     gen = torch.Generator().manual_seed(len(rows) * k + n)
-    x = nonzero_randn(sum(rows), k, gen=gen)
-    w = nonzero_randn(len(rows), k, n, gen=gen, scale=k**-0.5)
+    x = nonzero_randn(sum(rows), k, gen=gen).to(dtype).float()
+    w = nonzero_randn(len(rows), k, n, gen=gen, scale=k**-0.5).to(dtype)
     offsets = torch.tensor(rows).cumsum(0)
     out = native_moe.grouped_gemm(x, w, offsets)
     assert out.shape == (sum(rows), n) and out.dtype == torch.float32
-    assert rel_err(out, per_expert(x, w, rows)) < 1e-6
+    assert rel_err(out, per_expert(x, w.float(), rows)) < 1e-6
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -116,3 +121,8 @@ def test_gate_up_applies_silu_across_the_float_range() -> None:
     expected = torch.nn.functional.silu(gate.double()) * 3.0
     assert torch.isfinite(out).all()
     assert ((out[0].double() - expected).abs() <= 1e-6 * expected.abs().clamp(min=1.0)).all()
+
+
+def test_bf16_weights_go_in_pairs_where_the_cpu_has_its_dot_product() -> None:
+    flags = Path("/proc/cpuinfo").read_text().split()
+    assert native_moe.bf16_lanes() == (2 if "avx512_bf16" in flags else 1)
