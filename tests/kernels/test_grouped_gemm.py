@@ -150,13 +150,18 @@ def test_backends_agree(
     assert rel_err(moe_experts(*args), reference(*args)) < 1e-5
 
 
-@pytest.mark.skipif(DEVICE.type == "cuda", reason="packed weights are the CPU's")
-@pytest.mark.parametrize("backend", ["native", "onednn"])
-def test_packed_weights_are_repacked_when_written_in_place(
-    monkeypatch: pytest.MonkeyPatch, backend: str
-) -> None:
+@pytest.fixture(params=["native", "onednn"])
+def packed_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each CPU backend that packs the weights once, selected."""
+    if DEVICE.type == "cuda":
+        pytest.skip("packed weights are the CPU's")
+    monkeypatch.setenv("MOESCOPE_MOE_BACKEND", request.param)
+    return str(request.param)
+
+
+@pytest.mark.usefixtures("packed_backend")
+def test_packed_weights_are_repacked_when_written_in_place() -> None:
     """A checkpoint loaded into the same parameters must not leave the old packing behind."""
-    monkeypatch.setenv("MOESCOPE_MOE_BACKEND", backend)
     x, w_gate_up, w_down, order, per_expert, w = case(SHAPES[4], torch.float32, seed=9)
     before = moe_experts(x, w_gate_up, w_down, order, per_expert, w)
     with torch.no_grad():
@@ -167,12 +172,8 @@ def test_packed_weights_are_repacked_when_written_in_place(
     assert rel_err(after, before) > 0.1
 
 
-@pytest.mark.skipif(DEVICE.type == "cuda", reason="packed weights are the CPU's")
-@pytest.mark.parametrize("backend", ["native", "onednn"])
-def test_packed_weights_made_in_inference_mode(
-    monkeypatch: pytest.MonkeyPatch, backend: str
-) -> None:
-    monkeypatch.setenv("MOESCOPE_MOE_BACKEND", backend)
+@pytest.mark.usefixtures("packed_backend")
+def test_packed_weights_made_in_inference_mode() -> None:
     with torch.inference_mode():
         args = case(SHAPES[1], torch.float32, seed=10)
         assert args[1].is_inference()
