@@ -58,7 +58,12 @@ class Analysis:
         return self._pool.submit(fn, *args)
 
     def close(self) -> None:
-        """Drop what has not started and wait for the worker to end (without the wait, the
-        interpreter's exit wrote a traceback from the pool's closed pipe)."""
+        """Drop what has not started, end the worker whatever it is running, and wait for the
+        pool to see it end (without the wait, the interpreter's exit wrote a traceback from
+        the pool's closed pipe). A simulation in flight has no reader once the server stops:
+        waiting for it held a server's stop for 2-10 s."""
         if self._pool is not None:
+            # ProcessPoolExecutor has no public way to end a busy worker before Python 3.14
+            for worker in list(self._pool._processes.values()):
+                worker.terminate()
             self._pool.shutdown(wait=True, cancel_futures=True)

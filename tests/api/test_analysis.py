@@ -1,11 +1,15 @@
-"""The server's analysis process: it runs what it is given, and it does not outlive a server
-killed outright."""
+"""The server's analysis process: it runs what it is given, closing does not wait for what it
+is running, and it does not outlive a server killed outright."""
 
 import os
 import subprocess
 import sys
+import threading
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 
 import psutil
+import pytest
 from api_servers import TIMEOUT, wait_for
 
 from api.analysis import Analysis
@@ -44,3 +48,20 @@ def test_its_worker_ends_when_the_server_is_killed() -> None:
             return True
 
     wait_for(gone, what="the orphaned worker to end")
+
+
+def test_closing_ends_a_simulation_in_flight(tmp_path: Path) -> None:
+    analysis = Analysis(preload=())
+    pid = analysis.submit(os.getpid).result(TIMEOUT)
+    started = tmp_path / "started"
+    code = f"import pathlib, time; pathlib.Path({str(started)!r}).touch(); time.sleep(3600)"
+    running = analysis.submit(exec, code)
+    queued = analysis.submit(sum, [1, 2])
+    wait_for(started.exists, what="the long run to start")
+    closing = threading.Thread(target=analysis.close)
+    closing.start()
+    wait_for(lambda: not closing.is_alive(), what="close() to return")
+    with pytest.raises(BrokenProcessPool):
+        running.result(0)
+    assert queued.cancelled() or isinstance(queued.exception(0), BrokenProcessPool)
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
