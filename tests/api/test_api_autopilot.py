@@ -111,7 +111,10 @@ def test_queueing_for_the_slot_moves_max_num_seqs_up_with_its_reason(one_slot: S
     with arrivals(one_slot, 0.05, 48):
         wait_for(lambda: waiting() >= 12, what="a queue for the one slot")
         assert put(one_slot, settings).status_code == 200
-        wait_for(lambda: changed(), what="an autopilot change")
+        try:
+            wait_for(lambda: changed(), what="an autopilot change")
+        except AssertionError as e:  # what it last saw and decided says why it held
+            raise AssertionError(f"{e}; autopilot: {status(one_slot)}") from None
     first = changed()[0]
     old, new = first["changes"]["max_num_seqs"]
     assert old == 1 and new > 1
