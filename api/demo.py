@@ -134,6 +134,10 @@ def _watch(children: dict[str, subprocess.Popen], poll_s: float = 0.2) -> int:
 
 
 def _interrupt(signum: int, frame: object) -> NoReturn:
+    """The first SIGINT or SIGTERM stops everything; later ones are ignored, so the stopping
+    finishes (`timeout` and make each pass a SIGTERM on, a person may press Ctrl-C twice)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
@@ -160,7 +164,8 @@ def run_demo(args: argparse.Namespace) -> int:
     url = f"http://{HOST}:{args.port}"
     parallel = ["--ep", str(args.ep)] if args.ep else ["--ep-size", str(args.ep_size)]
     children: dict[str, subprocess.Popen] = {}
-    signal.signal(signal.SIGTERM, _interrupt)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
     try:
         children["server"] = start_child(server_command(args.port, parallel))
         failure = wait_ready(url, children["server"])

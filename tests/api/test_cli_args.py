@@ -16,6 +16,7 @@ import psutil
 import pytest
 import torch
 
+from api import demo
 from api.cli import build_parser, main, workload
 from api.loadgen import parse_dist, poisson_arrivals
 from engine import LLM
@@ -358,3 +359,16 @@ def test_demo_stops_everything_when_a_child_dies(tmp_path: Path) -> None:
             demo.terminate()
             demo.wait(30)
     assert not _mentioning(port) and not _mentioning(dash_port)
+
+
+def test_the_demos_first_signal_stops_it_and_later_ones_are_ignored() -> None:
+    """`timeout 60 make demo` delivers SIGTERM twice (to the group, then from make): the
+    second, arriving while the demo stops, printed a KeyboardInterrupt traceback."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            demo._interrupt(signal.SIGTERM, None)
+        assert all(signal.getsignal(sig) == signal.SIG_IGN for sig in saved)
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
