@@ -131,12 +131,15 @@ class AutopilotRunner:
         try:
             s = self.settings
             young = arrival_window(snapshot.t - started_t)
+            stacked = stack(rows)
 
-            def twin_trials(changes: list[dict[str, Any]], window_s: float) -> list[Trial]:
+            def twin_trials(
+                changes: list[dict[str, Any]], window_s: float, errors: float = 0.0
+            ) -> list[Trial]:
                 # pickled here, so that this thread's CPU time counts it: the pool's feeder
                 # thread would do it unseen, on the server's GIL all the same
                 window = min(window_s, young)
-                args = (config, steps, stack(rows), view.records, snapshot, window, s, changes)
+                args = (config, steps, stacked, view.records, snapshot, window, s, changes, errors)
                 payload = pickle.dumps(args)
                 trials, cpu_s = self._analysis.submit(live_trials, payload).result()
                 self.cpu_s += cpu_s
@@ -160,9 +163,11 @@ class AutopilotRunner:
     def _unlocked(self, run: Evaluate) -> Evaluate:
         """`run` with the lock let go while it runs (called with the lock held)."""
 
-        def call(changes: list[dict[str, Any]], window_s: float) -> list[Trial]:
+        def call(
+            changes: list[dict[str, Any]], window_s: float, errors: float = 0.0
+        ) -> list[Trial]:
             with self._released():
-                return run(changes, window_s)
+                return run(changes, window_s, errors)
 
         return call
 
@@ -196,8 +201,11 @@ def live_trials(payload: bytes) -> tuple[list[Trial], float]:
     (pickled arguments of `twin_trials`), and the CPU seconds they took, unpickling
     included."""
     cpu0 = time.process_time()
-    config, steps, rows, records, snapshot, window_s, settings, changes = pickle.loads(payload)
+    config, steps, rows, records, snapshot, window_s, settings, changes, errors = pickle.loads(
+        payload
+    )
     twin, _ = twin_from_live(config, steps, rows, records, snapshot, window_s, settings.horizon_s)
+    twin.model = twin.model.off_by(errors)
     return trials_while_room(twin, changes, settings), time.process_time() - cpu0
 
 

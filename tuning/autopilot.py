@@ -7,7 +7,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import stats
 from engine.errors import InvalidInput
@@ -41,10 +41,19 @@ MEASURED_TOO_FEW = (
 
 State = Literal["off", "waiting", "holding", "adjusting", "rolled back", "paused"]
 Action = Literal["change", "rollback", "hold"]
-# a trial for each knob change, the first ({}) the knobs as they are, with the twin repeating
-# the arrivals of the last so many seconds; after a first trial refused or scoring above the
-# `ceiling`, the rest may be left out
-Evaluate = Callable[[list[dict[str, Any]], float], list[Trial]]
+
+
+class Evaluate(Protocol):
+    def __call__(
+        self, changes: list[dict[str, Any]], window_s: float, errors: float = 0.0
+    ) -> list[Trial]:
+        """A trial for each knob change, the first ({}) the knobs as they are, with the twin
+        repeating the arrivals of the last `window_s` seconds and its steps `errors` of its
+        held-out errors longer than its fit (`CostModel.off_by`); after a first trial refused
+        or scoring above the `ceiling`, the rest may be left out."""
+        ...
+
+
 Attribution = Callable[[], dict[str, Any] | None]
 Scored = tuple[float, float, Trial, tuple[str, int]]  # predicted gain, the gain needed, trial, move
 
@@ -298,13 +307,42 @@ class Autopilot:
         if not cleared:
             self.state, self.note = "holding", self._no_gain(t, scored, hopeless, requests)
             return None
-        _, _, best, move = max(cleared, key=lambda x: x[0])
+        _, need, best, move = max(cleared, key=lambda x: x[0])
+        doubt = self._doubt(best, need, not hopeless, evaluate, self.arrivals_window(t))
+        if generation != self.generation:
+            return None
+        if doubt is not None:
+            self.state, self.note = "holding", doubt
+            return None
         old = knobs.model_dump()
         changes = {k: [old[k], v] for k, v in best.changes.items()}
         reason = change_reason(violated, attribution, changes, current, best)
         decision = Decision(t, "change", reason, changes, predicted=prediction(best))
         self.pending = Pending(t, decision, now, move, current.slo_attainment)
         return decision
+
+    def _doubt(
+        self, best: Trial, need: float, excess: bool, evaluate: Evaluate, window_s: float
+    ) -> str | None:
+        """Why `best`'s gain may be the twin's error, in words: it falls below `need` with
+        every step one held-out error longer, or shorter, than the fit; None when it holds
+        both ways. Only a change about to be made pays these two runs."""
+        for errors in (-1.0, 1.0):
+            trials = evaluate([{}, best.changes], window_s, errors)
+            gain = (
+                score(trials[1], self.settings, excess) - score(trials[0], self.settings, excess)
+                if len(trials) == 2 and trials[0].outcome and trials[1].outcome
+                else -math.inf
+            )
+            if gain < need:
+                what = ", ".join(f"{k} {v}" for k, v in best.changes.items())
+                way = "shorter" if errors < 0 else "longer"
+                shown = "nothing" if gain == -math.inf else f"{gain:+.3f}"
+                return (
+                    f"{what} is predicted to gain {need:.2f} or more in score, but {shown} "
+                    f"with the twin's steps one held-out error {way}: within its error"
+                )
+        return None
 
     def _need(self, move: tuple[str, int], t: float, violated: bool, requests: int) -> float:
         """The predicted score gain a move must clear: `gain`, twice that while every target is

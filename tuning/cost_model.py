@@ -12,7 +12,7 @@ sanely to larger batches than it saw, and `outside` says when a step lies far be
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -42,6 +42,12 @@ class CostModel:
     def period_ms(self, x: np.ndarray) -> float:
         """How far a step moves the clock: its own time plus the loop's around it."""
         return float((self.step_w + self.overhead_w) @ x)
+
+    def off_by(self, errors: float) -> "CostModel":
+        """This model with every step `errors` held-out errors longer (shorter if negative):
+        what a decision should survive, since the fit is only that good."""
+        factor = max(0.0, 1.0 + errors * self.mape)
+        return replace(self, step_w=self.step_w * factor, overhead_w=self.overhead_w * factor)
 
     def outside(self, x: np.ndarray) -> list[str]:
         """The shape features of `x` far beyond anything fitted ("not enough steps like this")."""

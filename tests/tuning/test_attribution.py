@@ -37,6 +37,10 @@ class Cost:
     def outside(self, x: np.ndarray) -> list[str]:
         return []
 
+    def times(self, factor: float) -> "Cost":
+        """Every step and gap `factor` times as long."""
+        return Cost(*(factor * v for v in (self.base, self.per_prefill, self.per_decode, self.gap)))
+
 
 def sim_setup(block_size: int, blocks: int) -> Setup:
     """One layer of four experts, no prefix caching, a 4096-token context."""

@@ -1,6 +1,7 @@
 """The SLO autopilot's decisions on simulated load: the right knob in the right direction, with
 a reason in words; rollback, pauses, refusals and waiting."""
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -26,6 +27,7 @@ from tuning.whatif import Twin
 
 SETUP = sim_setup(16, 2048)
 CONTEXT = {"total_blocks": 2048, "min_blocks": 1, "max_model_len": 4096, "ep_size": 1}
+ERROR = 0.15  # the held-out error of the twins' cost model here: their steps 10-20% off
 
 
 class Load:
@@ -39,10 +41,17 @@ class Load:
         steps = [s.model_dump() for s in sim.steps]
         self.attribution = summarize(attribute(self.records, steps))
         self.end = max(r["finished_t"] for r in self.records)
+        self.cost = cost
         self.twin = Twin(SETUP, self.knobs, trace, cost, EXPERTS, CONTEXT)  # type: ignore[arg-type]
 
     def evaluate(self, settings: AutopilotSettings) -> Any:
-        return lambda changes, window_s: [evaluate(self.twin, c, settings.slo) for c in changes]
+        """The twin's trials, its steps `errors` times ERROR longer."""
+
+        def run(changes: list[dict[str, Any]], window_s: float, errors: float = 0.0) -> list[Trial]:
+            twin = replace(self.twin, model=self.cost.times(1 + errors * ERROR))
+            return [evaluate(twin, c, settings.slo) for c in changes]
+
+        return run
 
     def tick(self, pilot: Autopilot) -> Decision | None:
         return pilot.tick(
@@ -116,7 +125,7 @@ def test_knobs_that_leave_no_room_are_the_only_ones_simulated() -> None:
         load.knobs,
         load.records,
         lambda: load.attribution,
-        lambda c, window_s: trials_while_room(load.twin, c, s),
+        lambda c, window_s, errors=0.0: trials_while_room(load.twin, c, s),
     )
     assert decision is None
     assert pilot.note == (
@@ -131,7 +140,7 @@ def no_attribution() -> None:
 def fixed(attainment: float, better: float) -> Any:
     """An evaluate that predicts `attainment` for the current knobs and `better` for the rest."""
 
-    def run(changes: list[dict[str, Any]], window_s: float) -> list[Trial]:
+    def run(changes: list[dict[str, Any]], window_s: float, errors: float = 0.0) -> list[Trial]:
         return [
             Trial(c, {"ttft_p90_ms": 100.0}, 1.0, attainment if not c else better) for c in changes
         ]
@@ -156,7 +165,7 @@ def test_a_queue_past_the_ttft_target_is_a_miss_before_its_requests_end() -> Non
     waiting = [98.0, 98.5, 99.0, 99.2, 99.4, 99.7, 99.9]  # waits 2000 ... 100 ms at t=100
     looked: list[dict[str, Any]] = []
 
-    def twin(changes: list[dict[str, Any]], window_s: float) -> list[Trial]:
+    def twin(changes: list[dict[str, Any]], window_s: float, errors: float = 0.0) -> list[Trial]:
         looked.extend(changes)
         return fixed(0.0, 0.9)(changes, window_s)
 
@@ -174,7 +183,7 @@ def counted(requests: int, current: int, better: int) -> Any:
     """An evaluate whose twin simulates `requests`, `current` of them attaining with the knobs
     as they are and `better` under every candidate."""
 
-    def run(changes: list[dict[str, Any]], window_s: float) -> list[Trial]:
+    def run(changes: list[dict[str, Any]], window_s: float, errors: float = 0.0) -> list[Trial]:
         out = {"latencies_ms": [(100.0, 10.0)] * requests, "unfinished": 0}
         return [Trial(c, out, 1.0, (better if c else current) / requests) for c in changes]
 
@@ -194,6 +203,31 @@ def test_a_gain_of_one_simulated_request_is_within_the_twins_error() -> None:
     )
     pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50))
     decision = pilot.tick(100.0, Knobs(), misses, no_attribution, counted(18, 16, 18))
+    assert decision is not None and decision.action == "change"
+
+
+def test_a_gain_that_the_twins_error_could_undo_waits() -> None:
+    """The twin predicts 40% -> 90% attainment for a change with its fit, and with its steps
+    one held-out error shorter, but 40% -> 42% with them one error longer: within its error,
+    so the change waits; a gain that holds both ways is made."""
+    misses = [record(95 + 0.4 * i, 900.0) for i in range(10)]
+    asked: list[float] = []
+
+    def doubtful(
+        changes: list[dict[str, Any]], window_s: float, errors: float = 0.0
+    ) -> list[Trial]:
+        asked.append(errors)
+        return fixed(0.4, 0.42 if errors > 0 else 0.9)(changes, window_s)
+
+    pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50))
+    assert pilot.tick(100.0, Knobs(), misses, no_attribution, doubtful) is None
+    assert asked == [0.0, -1.0, 1.0] and pilot.state == "holding"
+    assert pilot.note.endswith(
+        "is predicted to gain 0.05 or more in score, but +0.020 with the twin's steps one "
+        "held-out error longer: within its error"
+    )
+    pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50))
+    decision = pilot.tick(100.0, Knobs(), misses, no_attribution, fixed(0.4, 0.9))
     assert decision is not None and decision.action == "change"
 
 
@@ -249,7 +283,9 @@ def test_looks_that_find_nothing_space_out_until_the_misses_change() -> None:
         out = [record(t - 5 + 0.4 * i, 900.0) for i in range(10)]
         return [{**r, "e2e_ms": r["e2e_ms"] + extra_ms} for r in out]
 
-    def nothing_better(changes: list[dict[str, Any]], window_s: float) -> list[Trial]:
+    def nothing_better(
+        changes: list[dict[str, Any]], window_s: float, errors: float = 0.0
+    ) -> list[Trial]:
         looks.append(t)
         return fixed(0.5, 0.5)(changes, window_s)
 
@@ -267,7 +303,9 @@ def test_looks_while_the_targets_hold_space_out_too() -> None:
     knobs = Knobs(max_num_seqs=8)
     looks: list[float] = []
 
-    def nothing_better(changes: list[dict[str, Any]], window_s: float) -> list[Trial]:
+    def nothing_better(
+        changes: list[dict[str, Any]], window_s: float, errors: float = 0.0
+    ) -> list[Trial]:
         looks.append(t)
         return fixed(1.0, 1.0)(changes, window_s)
 
@@ -285,7 +323,7 @@ def missed(t: float) -> list[dict[str, Any]]:
 def predicting(attainment: dict[int, float], current: int) -> Any:
     """An evaluate whose predicted attainment depends on max_num_seqs alone (now `current`)."""
 
-    def run(changes: list[dict[str, Any]], window_s: float) -> list[Trial]:
+    def run(changes: list[dict[str, Any]], window_s: float, errors: float = 0.0) -> list[Trial]:
         seqs = [c.get("max_num_seqs", current) for c in changes]
         return [
             Trial(c, {"ttft_p90_ms": 100.0}, 1.0, attainment.get(n, 0.0))
@@ -323,7 +361,7 @@ def test_when_nothing_attains_it_moves_only_to_drain_the_queue() -> None:
     pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50, min_gap_s=0.0, look_s=1.0))
 
     def hopeless(queue_at_end: dict[int, int]) -> Any:
-        def run(changes: list[dict[str, Any]], window_s: float) -> list[Trial]:
+        def run(changes: list[dict[str, Any]], window_s: float, errors: float = 0.0) -> list[Trial]:
             out = []
             for c in changes:
                 n = c.get("max_num_seqs", 8)
@@ -350,10 +388,10 @@ def test_a_shift_in_the_arrivals_is_looked_at_at_once_on_the_new_load_alone() ->
     knobs = Knobs(max_num_seqs=8)
     steady = [(80 + 0.5 * i, 100) for i in range(40)]  # 2 a second until 100 s
     burst = [(100 + 0.1 * i, 100) for i in range(41)]  # 10 a second from 100 s
-    looks: list[tuple[float, float]] = []
+    looks: list[tuple[float, float, float]] = []
 
-    def twin(changes: list[dict[str, Any]], window_s: float) -> list[Trial]:
-        looks.append((t, window_s))
+    def twin(changes: list[dict[str, Any]], window_s: float, errors: float = 0.0) -> list[Trial]:
+        looks.append((t, window_s, errors))
         return fixed(0.5, 0.9)(changes, window_s)
 
     met = [record(95 + 0.4 * i, 100.0) for i in range(10)]
@@ -369,7 +407,8 @@ def test_a_shift_in_the_arrivals_is_looked_at_at_once_on_the_new_load_alone() ->
     shifted = pilot.tick(t, knobs, met, no_attribution, twin, (), steady + burst)
     assert shifted is not None and shifted.action == "change"
     assert shifted.reason.startswith("load shifted: arrivals 1.9 → 8.6 req/s: max_num_seqs 8 → 16")
-    assert looks == [(100.0, 20.0), (106.0, 7.0)]
+    # each change first checked with the twin's steps one held-out error shorter and longer
+    assert looks == [(100.0, 20.0, e) for e in (0, -1, 1)] + [(106.0, 7.0, e) for e in (0, -1, 1)]
 
 
 def test_a_persons_change_pauses_it_and_it_resumes_after() -> None:
@@ -402,7 +441,9 @@ def test_settings_or_a_persons_change_while_the_twin_runs_stand() -> None:
     recent = [record(95 + 0.4 * i, 900.0) for i in range(10)]
     pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50))
 
-    def switched_off(changes: list[dict[str, Any]], window_s: float) -> list[Trial]:
+    def switched_off(
+        changes: list[dict[str, Any]], window_s: float, errors: float = 0.0
+    ) -> list[Trial]:
         pilot.configure(AutopilotSettings())
         return fixed(0.0, 0.9)(changes, window_s)
 
@@ -411,7 +452,7 @@ def test_settings_or_a_persons_change_while_the_twin_runs_stand() -> None:
 
     pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50))
 
-    def person(changes: list[dict[str, Any]], window_s: float) -> list[Trial]:
+    def person(changes: list[dict[str, Any]], window_s: float, errors: float = 0.0) -> list[Trial]:
         pilot.person_changed(100.0, "dashboard")
         return fixed(0.9, 0.9)(changes, window_s)  # nothing to gain: the look would say "holding"
 
@@ -423,7 +464,7 @@ def test_too_few_steps_for_the_twin_waits_and_says_so() -> None:
     pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50))
     recent = [record(95 + 0.4 * i, 900.0) for i in range(10)]
 
-    def unfit(changes: list[dict[str, Any]], window_s: float) -> list[Trial]:
+    def unfit(changes: list[dict[str, Any]], window_s: float, errors: float = 0.0) -> list[Trial]:
         raise InvalidInput("the live engine has seen too few steps: 12 of 40", "source")
 
     assert pilot.tick(100.0, Knobs(), recent, no_attribution, unfit) is None

@@ -66,6 +66,23 @@ def test_fit_recovers_the_costs_that_made_the_steps() -> None:
     assert model.outside(x) == []
 
 
+def test_off_by_its_error_stretches_every_step_by_the_held_out_error() -> None:
+    steps = fake_session(300)
+    for step in steps[::7]:  # some steps 30% slower than the costs say: a fit with some error
+        step["dur_ms"]["total"] *= 1.3
+    model = fit(steps, {})
+    assert 0.01 < model.mape < 0.3
+    x = recorded_features(fake_step(999, 0.0, random.Random(5)), None)
+    for errors in (-1.0, 1.0, 2.0):
+        off = model.off_by(errors)
+        factor = 1 + errors * model.mape
+        assert off.step_ms(x) == pytest.approx(factor * model.step_ms(x))
+        assert off.period_ms(x) == pytest.approx(factor * model.period_ms(x))
+        assert off.mape == model.mape and off.outside(x) == model.outside(x)
+    assert model.off_by(0.0).period_ms(x) == model.period_ms(x)
+    assert model.off_by(-1e9).step_ms(x) == 0.0  # never negative
+
+
 def test_too_few_steps_are_refused_naming_the_number_needed() -> None:
     with pytest.raises(InvalidInput, match=f"at least {MIN_STEPS}") as refused:
         fit(fake_session(MIN_STEPS // 2), {})
