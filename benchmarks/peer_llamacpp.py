@@ -306,20 +306,27 @@ def agreement(ctx: Context, precision: str, wl: Workload) -> list[dict[str, Any]
 
 
 @dataclass
-class Context:
-    """What every run needs: llama.cpp's source and binaries, the checkpoint (of `shape`) and
-    its GGUFs, the KV sizes, the servers' threads and the workload's size and seed."""
+class OursContext:
+    """What moescope's runs need: the checkpoint (of `shape`), its KV blocks, the threads and
+    the workload's size and seed."""
 
     shape: Shape
-    source: peer_build.Source
-    bins: Path
     model: Path
-    gguf: dict[str, Path]
-    slot_ctx: int
     kv_blocks: int
     threads: int
     requests: int
     seed: int
+
+
+@dataclass
+class Context(OursContext):
+    """What every run needs: moescope's, and llama.cpp's source and binaries, the GGUFs and
+    each slot's context."""
+
+    source: peer_build.Source
+    bins: Path
+    gguf: dict[str, Path]
+    slot_ctx: int
 
 
 def cached_checkpoint(shape: Shape, seed: int) -> Path:
@@ -344,24 +351,25 @@ def llama_run(ctx: Context, precision: str, setting: LlamaSetting, wl: Workload)
         return timed_run(server, wl, str(setting))
 
 
-def moescope_run(ctx: Context, precision: str, wl: Workload) -> Run:
+def moescope_run(ctx: OursContext, precision: str, wl: Workload) -> Run:
     args = moescope_args(DTYPES[precision], ctx.kv_blocks, ctx.threads)
     with moescope(ctx.model, args) as server:
         return timed_run(server, wl, " ".join(args))
 
 
-def offline_run(ctx: Context, precision: str) -> Run:
+def offline_run(ctx: OursContext, precision: str, via: str = "steps") -> Run:
     """The workload through the engine `moescope serve` runs, with its flags, in process
-    (`peer_offline.py`, a fresh process like each server's)."""
+    (`peer_offline.py`, a fresh process like each server's), stepped on the main thread or,
+    `via="loop"`, by an engine loop on its own thread."""
     wait_quiet()
     cmd = [sys.executable, str(REPO / "benchmarks" / "peer_offline.py"), str(ctx.model)]
     cmd += [*("--dtype", DTYPES[precision], "--threads", str(ctx.threads))]
     cmd += [*("--kv-blocks", str(ctx.kv_blocks), "--requests", str(ctx.requests))]
-    cmd += ["--seed", str(ctx.seed)]
+    cmd += ["--seed", str(ctx.seed), "--via", via]
     out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     run = Run(
         "moescope offline",
-        "LLMEngine",
+        "LLMEngine" if via == "steps" else "EngineLoop",
         out["wall_s"],
         out["tokens"],
         out["cpu_s"],
@@ -463,10 +471,13 @@ def prepare(args: argparse.Namespace, precisions: list[str], wl: Workload) -> Co
     gguf = {p: peer_build.convert(src, model, shape.vocab, p) for p in precisions}
     longest = max(len(p) + n for p, n in zip(wl.prompts, wl.max_tokens, strict=True))
     slot_ctx = -(-longest // 256) * 256
-    kv_blocks = wl.blocks(16) + 128
-    return Context(
-        shape, src, bins, model, gguf, slot_ctx, kv_blocks, args.threads, len(wl), args.seed
-    )
+    ours = OursContext(shape, model, kv_blocks(wl), args.threads, len(wl), args.seed)
+    return Context(**vars(ours), source=src, bins=bins, gguf=gguf, slot_ctx=slot_ctx)
+
+
+def kv_blocks(wl: Workload) -> int:
+    """KV blocks of 16 that hold every request of `wl` at once, and some to spare."""
+    return wl.blocks(16) + 128
 
 
 def measure(ctx: Context, precision: str, wl: Workload, args: argparse.Namespace) -> dict:

@@ -1,17 +1,22 @@
 """One offline run for `peer_llamacpp.py`: the engine `moescope serve` runs there, with the
-same flags, driven in process (`LLMEngine`, every request added at once, stepped until done)
-in a fresh process, as each server is. Prints its counts and times as one JSON line.
-Run by `peer_llamacpp.py`; by hand: `python benchmarks/peer_offline.py MODEL --dtype float32`.
+same flags, driven in process in a fresh process, as each server is. Prints its counts and
+times as one JSON line. `--via steps` (the default) adds every request at once and steps
+the engine on the main thread until done; `--via loop` submits them to an `EngineLoop` built
+on its own thread, as `moescope serve` does, without HTTP (`serve_overhead.py`'s middle arm).
+By hand: `python benchmarks/peer_offline.py MODEL --dtype float32`.
 """
 
 import argparse
 import json
 import sys
+import threading
 
-from offline_runners import make_workload, run_ours, warm_ours
+from offline_runners import Workload, make_workload, run_ours, timed, warm_ours
 from peer_llamacpp import OUTPUT_RANGE, PROMPT_RANGE, busy_cpu
 
-from engine import LLMEngine
+from api.server import build_loop
+from engine import LLMEngine, RequestOutput, SamplingParams
+from engine.loop import EngineLoop
 
 
 def main(argv: list[str]) -> dict[str, float]:
@@ -23,14 +28,17 @@ def main(argv: list[str]) -> dict[str, float]:
     p.add_argument("--kv-blocks", type=int, default=2048)
     p.add_argument("--requests", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--via", choices=["steps", "loop"], default="steps")
     args = p.parse_args(argv)
-    engine = LLMEngine(
-        model=args.model,
+    flags = dict(
         dtype=args.dtype,
         max_num_seqs=args.max_num_seqs,
         num_kv_blocks=args.kv_blocks,
         threads=args.threads,
     )
+    if args.via == "loop":
+        return through_loop(build_loop(args.model, **flags), args)
+    engine = LLMEngine(model=args.model, **flags)
     vocab = engine.model_config.vocab_size
     wl = make_workload(args.requests, args.seed, vocab, PROMPT_RANGE, OUTPUT_RANGE)
     warm_ours(engine, vocab)
@@ -44,6 +52,55 @@ def main(argv: list[str]) -> dict[str, float]:
         "steps": run.extra["steps"],
         "busy_s": run.extra["dur_s"]["total"],
     }
+
+
+def through_loop(loop: EngineLoop, args: argparse.Namespace) -> dict[str, float]:
+    """The workload submitted at once to the started `loop`, after the same warm-up."""
+    loop.start()
+    try:
+        vocab = loop.engine.model_config.vocab_size
+        warm = [[1 + i % (vocab - 1) for i in range(n)] for n in (8, 24)]
+        submit_all(loop, Workload(warm, [4, 4]))
+        wl = make_workload(args.requests, args.seed, vocab, PROMPT_RANGE, OUTPUT_RANGE)
+        steps0, busy_s0, busy0 = loop.steps, loop.busy_s, busy_cpu()
+        with timed() as spent:
+            tokens = submit_all(loop, wl)
+        return {
+            "wall_s": spent["wall"],
+            "tokens": tokens,
+            "cpu_s": spent["cpu"],
+            "others_cpu_s": max(0.0, busy_cpu() - busy0 - spent["cpu"]),
+            "steps": loop.steps - steps0,
+            "busy_s": loop.busy_s - busy_s0,
+        }
+    finally:
+        loop.stop()
+
+
+def submit_all(loop: EngineLoop, wl: Workload) -> int:
+    """Every request of `wl` submitted at once; waits for the last to finish and returns the
+    output tokens (each request's count checked)."""
+    ended: dict[str, RequestOutput] = {}
+    done = threading.Event()
+
+    def on_output(out: RequestOutput) -> bool:
+        if out.finished:
+            ended[out.request_id] = out
+            if len(ended) == len(wl):
+                done.set()
+        return True
+
+    ids = [
+        loop.submit(p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True), on_output)
+        for p, n in zip(wl.prompts, wl.max_tokens, strict=True)
+    ]
+    while not done.wait(1.0):
+        if not loop.alive:
+            raise RuntimeError(loop.error or "the engine loop stopped")
+    counts = [len(ended[i].token_ids) for i in ids]
+    if counts != wl.max_tokens:
+        raise RuntimeError("a request ended with a wrong token count")
+    return sum(counts)
 
 
 if __name__ == "__main__":

@@ -85,10 +85,8 @@ def setup(args: argparse.Namespace, ctx: Context, wl: Workload) -> list[str]:
         "every request at once; metrics and recording off, as llama-server's metrics are "
         "by default)",
         f"- Model: {ctx.shape.describe()}, seed {args.seed}; served at the section's precision",
-        f"- Workload: {len(wl)} requests arriving at once, seed {args.seed}, prompt lengths "
-        f"log-uniform 16..512 ({wl.num_prompt_tokens} tokens), output lengths log-uniform "
-        f"8..245 ({wl.num_output_tokens} tokens), token-id prompts, greedy, EOS ignored "
-        "(llama.cpp's `ignore_eos` also bans its EOS id 2; the checkpoint has none)",
+        f"- {workload_line(wl, args.seed)} (llama.cpp's `ignore_eos` also bans its EOS id 2; "
+        "the checkpoint has none)",
         "- Method: one async httpx client in the benchmark process drives both (llama-server "
         "`/completion` with `cache_prompt: false`, moescope `/v1/completions`); every reply "
         "must hold exactly its requested token count; out tok/s = output tokens / wall time "
@@ -109,6 +107,14 @@ def setup(args: argparse.Namespace, ctx: Context, wl: Workload) -> list[str]:
         f"- Preparation (llama.cpp build, checkpoint, GGUF conversion; skipped when cached "
         f"under {peer_build.CACHE}): {args.prepare_s:.0f} s this time",
     ]
+
+
+def workload_line(wl: Workload, seed: int) -> str:
+    return (
+        f"Workload: {len(wl)} requests arriving at once, seed {seed}, prompt lengths "
+        f"log-uniform 16..512 ({wl.num_prompt_tokens} tokens), output lengths log-uniform "
+        f"8..245 ({wl.num_output_tokens} tokens), token-id prompts, greedy, EOS ignored"
+    )
 
 
 def agreement_lines(rows: list[dict[str, Any]], precision: str) -> list[str]:

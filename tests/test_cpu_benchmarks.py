@@ -1,5 +1,5 @@
-"""Smoke tests: the forward, thread-count, decode-step and GIL benchmarks run end to end in
-their quick modes, and the peer benchmark's offline arm on a tiny checkpoint."""
+"""Smoke tests: the forward, thread-count, decode-step, GIL and serve-overhead benchmarks run
+end to end in their quick modes, and the peer benchmark's offline arm on a tiny checkpoint."""
 
 from dataclasses import replace
 from pathlib import Path
@@ -9,6 +9,7 @@ import forward  # benchmarks/ is on pytest's pythonpath
 import gil
 import peer_offline
 import pytest
+import serve_overhead
 import threads
 from offline_runners import QUICK_SHAPE, build_checkpoint, make_workload
 from peer_llamacpp import OUTPUT_RANGE, PROMPT_RANGE
@@ -48,13 +49,30 @@ def test_threads_quick(tmp_path: Path) -> None:
     assert "| busy | auto |" in _published(results, threads.SECTION)
 
 
-def test_peer_offline_arm_runs_the_whole_workload(tmp_path: Path) -> None:
-    shape = replace(QUICK_SHAPE, max_positions=1024)  # room for the peer workload's requests
-    model = build_checkpoint(tmp_path / "model", shape, 0)
-    out = peer_offline.main([str(model), "--requests", "3", "--threads", "1"])
-    wl = make_workload(3, 0, shape.vocab, PROMPT_RANGE, OUTPUT_RANGE)
+PEER_SHAPE = replace(QUICK_SHAPE, max_positions=1024)  # room for the peer workload's requests
+
+
+@pytest.mark.parametrize("via", ["steps", "loop"])
+def test_peer_offline_arm_runs_the_whole_workload(tmp_path: Path, via: str) -> None:
+    model = build_checkpoint(tmp_path / "model", PEER_SHAPE, 0)
+    out = peer_offline.main([str(model), "--requests", "3", "--threads", "1", "--via", via])
+    wl = make_workload(3, 0, PEER_SHAPE.vocab, PROMPT_RANGE, OUTPUT_RANGE)
     assert out["tokens"] == sum(wl.max_tokens)
     assert out["steps"] > 0 and 0 < out["busy_s"] <= out["wall_s"]
+
+
+@pytest.mark.slow
+def test_serve_overhead_quick(tmp_path: Path) -> None:
+    model = build_checkpoint(tmp_path / "model", PEER_SHAPE, 0)
+    results = tmp_path / "RESULTS.md"
+    argv = ["--quick", "--model", str(model), "--threads", "1", "--results", str(results)]
+    out = serve_overhead.main(argv)
+    wl = make_workload(16, 0, PEER_SHAPE.vocab, PROMPT_RANGE, OUTPUT_RANGE)
+    assert [r.engine for r in out["runs"]] == list(serve_overhead.ARMS)
+    assert all(r.tokens == wl.num_output_tokens and r.extra["steps"] > 0 for r in out["runs"])
+    s = out["summary"]
+    assert s["serve_offline"] == pytest.approx(s["serve"] / s["offline"])
+    assert "| 1 | loop |" in _published(results, "serve_overhead_serve_bf16")
 
 
 @pytest.mark.slow
