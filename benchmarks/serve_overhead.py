@@ -130,7 +130,8 @@ def render(
 def title(args: argparse.Namespace) -> str:
     shape = ", fine-grained experts" if args.shape == "fine" else ""
     return (
-        f"moescope serve against offline, {args.precision}{shape} (`benchmarks/serve_overhead.py`)"
+        f"moescope serve against offline, {args.precision}{shape}, {args.threads} thread(s) "
+        "(`benchmarks/serve_overhead.py`)"
     )
 
 
@@ -164,7 +165,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     runs = rounds(ctx, args.precision, wl, args.repeats)
     out = {"runs": runs, "summary": summarize(runs), "machine": machine}
     out["runtime_s"] = time.perf_counter() - started
-    section = f"serve_overhead_{args.shape}_{args.precision}"
+    threads = "" if args.threads == 2 else f"_t{args.threads}"
+    section = f"serve_overhead_{args.shape}_{args.precision}{threads}"
     publish(section, render(args, argv, ctx, wl, out), results_path(args))
     return out
 

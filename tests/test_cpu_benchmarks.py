@@ -72,7 +72,7 @@ def test_serve_overhead_quick(tmp_path: Path) -> None:
     assert all(r.tokens == wl.num_output_tokens and r.extra["steps"] > 0 for r in out["runs"])
     s = out["summary"]
     assert s["serve_offline"] == pytest.approx(s["serve"] / s["offline"])
-    assert "| 1 | loop |" in _published(results, "serve_overhead_serve_bf16")
+    assert "| 1 | loop |" in _published(results, "serve_overhead_serve_bf16_t1")
 
 
 @pytest.mark.slow
