@@ -131,9 +131,13 @@ def wait_quiet(window_s: float = 2.0) -> float:
 
 
 @contextlib.contextmanager
-def serving(engine: str, cmd: list[str], health: str, log: Path) -> Iterator[Server]:
-    """`cmd` (which takes the port from `{port}`) started, healthy, and stopped after."""
-    wait_quiet()
+def serving(
+    engine: str, cmd: list[str], health: str, log: Path, quiet: bool = True
+) -> Iterator[Server]:
+    """`cmd` (which takes the port from `{port}`) started, once the machine is `quiet`
+    (`wait_quiet`) if asked, healthy, and stopped after."""
+    if quiet:
+        wait_quiet()
     port = free_port()
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
@@ -161,10 +165,12 @@ def moescope_args(dtype: str, kv_blocks: int, threads: int) -> list[str]:
     ]
 
 
-def moescope(model: Path, args: list[str]) -> contextlib.AbstractContextManager[Server]:
+def moescope(
+    model: Path, args: list[str], quiet: bool = True
+) -> contextlib.AbstractContextManager[Server]:
     cmd = [sys.executable, "-m", "api.cli", "serve", "--model", str(model), "--port", "{port}"]
     log = peer_build.CACHE / "logs" / "moescope-serve.log"
-    return serving("moescope", cmd + args, "/api/status", log)
+    return serving("moescope", cmd + args, "/api/status", log, quiet)
 
 
 # ---------------------------------------------------------------- the client
@@ -316,9 +322,10 @@ class OursContext:
     threads: int
     requests: int
     seed: int
+    quiet: bool = True  # wait for other processes to quiet down before each run
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Context(OursContext):
     """What every run needs: moescope's, and llama.cpp's source and binaries, the GGUFs and
     each slot's context."""
@@ -353,7 +360,7 @@ def llama_run(ctx: Context, precision: str, setting: LlamaSetting, wl: Workload)
 
 def moescope_run(ctx: OursContext, precision: str, wl: Workload) -> Run:
     args = moescope_args(DTYPES[precision], ctx.kv_blocks, ctx.threads)
-    with moescope(ctx.model, args) as server:
+    with moescope(ctx.model, args, ctx.quiet) as server:
         return timed_run(server, wl, " ".join(args))
 
 
@@ -361,7 +368,8 @@ def offline_run(ctx: OursContext, precision: str, via: str = "steps") -> Run:
     """The workload through the engine `moescope serve` runs, with its flags, in process
     (`peer_offline.py`, a fresh process like each server's), stepped on the main thread or,
     `via="loop"`, by an engine loop on its own thread."""
-    wait_quiet()
+    if ctx.quiet:
+        wait_quiet()
     cmd = [sys.executable, str(REPO / "benchmarks" / "peer_offline.py"), str(ctx.model)]
     cmd += [*("--dtype", DTYPES[precision], "--threads", str(ctx.threads))]
     cmd += [*("--kv-blocks", str(ctx.kv_blocks), "--requests", str(ctx.requests))]

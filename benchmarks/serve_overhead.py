@@ -144,7 +144,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", type=Path, help="a checkpoint of --shape (default: the peer's)")
-    p.add_argument("--quick", action="store_true", help="16 requests, 1 round")
+    p.add_argument(
+        "--quick", action="store_true", help="16 requests, 1 round, no waiting for quiet"
+    )
     add_results_arguments(p)
     args = p.parse_args(argv)
     if args.quick:
@@ -160,7 +162,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     model = args.model or cached_checkpoint(shape, args.seed)
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
     wl = make_workload(args.requests, args.seed, vocab, PROMPT_RANGE, OUTPUT_RANGE)
-    ctx = OursContext(shape, model, kv_blocks(wl), args.threads, len(wl), args.seed)
+    ctx = OursContext(
+        shape, model, kv_blocks(wl), args.threads, len(wl), args.seed, quiet=not args.quick
+    )
     started, machine = time.perf_counter(), measure_machine()
     runs = rounds(ctx, args.precision, wl, args.repeats)
     out = {"runs": runs, "summary": summarize(runs), "machine": machine}
