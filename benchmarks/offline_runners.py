@@ -298,10 +298,15 @@ def run_ours(engine: LLMEngine, wl: Workload, name: str, config: str) -> RunResu
     )
 
 
+def warm_workload(vocab: int) -> Workload:
+    """Two short greedy requests, 8 and 24 tokens, that start the engine's kernels."""
+    return Workload([[1 + i % (vocab - 1) for i in range(n)] for n in (8, 24)], [4, 4])
+
+
 def warm_ours(engine: LLMEngine, vocab: int) -> None:
-    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
-    for n in (8, 24):
-        engine.add_request([1 + i % (vocab - 1) for i in range(n)], params)
+    warm = warm_workload(vocab)
+    for prompt, n in zip(warm.prompts, warm.max_tokens, strict=True):
+        engine.add_request(prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
     while engine.has_unfinished():
         engine.step()
 

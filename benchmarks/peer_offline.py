@@ -11,7 +11,7 @@ import json
 import sys
 import threading
 
-from offline_runners import Workload, make_workload, run_ours, timed, warm_ours
+from offline_runners import Workload, make_workload, run_ours, timed, warm_ours, warm_workload
 from peer_llamacpp import OUTPUT_RANGE, PROMPT_RANGE, busy_cpu
 
 from api.server import build_loop
@@ -59,8 +59,7 @@ def through_loop(loop: EngineLoop, args: argparse.Namespace) -> dict[str, float]
     loop.start()
     try:
         vocab = loop.engine.model_config.vocab_size
-        warm = [[1 + i % (vocab - 1) for i in range(n)] for n in (8, 24)]
-        submit_all(loop, Workload(warm, [4, 4]))
+        submit_all(loop, warm_workload(vocab))
         wl = make_workload(args.requests, args.seed, vocab, PROMPT_RANGE, OUTPUT_RANGE)
         steps0, busy_s0, busy0 = loop.steps, loop.busy_s, busy_cpu()
         with timed() as spent:
