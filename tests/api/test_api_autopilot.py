@@ -68,28 +68,33 @@ def test_too_few_steps_waits_and_says_so(one_slot: Served) -> None:
 
 
 @contextmanager
-def arrivals(served: Served, every_s: float, max_tokens: int) -> Iterator[None]:
-    """Requests arriving every `every_s` seconds while the block runs (open loop)."""
+def backlog(served: Served, depth: int, max_tokens: int) -> Iterator[list[str]]:
+    """Keeps `depth` requests waiting for a slot while the block runs, however fast the
+    machine steps; yields the ids submitted so far."""
     stop_feeding = threading.Event()
+    ids: list[str] = []
 
     def feed() -> None:
-        while not stop_feeding.wait(every_s):
-            traffic(served.loop, 1, max_tokens=max_tokens)
+        while not stop_feeding.wait(0.01):
+            short = depth - served.loop.summary()["queue"]["waiting"]
+            if short > 0:
+                ids.extend(traffic(served.loop, short, max_tokens=max_tokens))
 
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
     try:
-        yield
+        yield ids
     finally:
         stop_feeding.set()
         feeder.join()
 
 
 def test_queueing_for_the_slot_moves_max_num_seqs_up_with_its_reason(one_slot: Served) -> None:
-    """20 requests a second of 48 tokens each: one slot serves at most half of them (a step
-    takes over a millisecond), so the queue and TTFT grow until the autopilot adds slots.
-    It is enabled once a queue has built: the arrivals from idle are also a load shift, which
-    it may act on before it has measured a TTFT miss, and then says so instead."""
+    """Sixteen requests of 48 tokens always waiting for the one slot: each waits for sixteen
+    others to be served, so TTFT misses its 100 ms target on any machine whose step takes more
+    than 0.13 ms, until the autopilot adds slots. It is enabled once requests that waited
+    behind a full queue have finished: the arrivals from idle are also a load shift, which it
+    may act on before it has measured a TTFT miss, and then says so instead."""
     settings = {
         "enabled": True,
         "interval_s": 0.2,
@@ -105,11 +110,8 @@ def test_queueing_for_the_slot_moves_max_num_seqs_up_with_its_reason(one_slot: S
         history = httpx.get(one_slot.url + "/api/knobs/history", timeout=30).json()["changes"]
         return [c for c in history if c["origin"] == "autopilot"]
 
-    def waiting() -> int:
-        return int(httpx.get(one_slot.url + "/api/status", timeout=30).json()["queue"]["waiting"])
-
-    with arrivals(one_slot, 0.05, 48):
-        wait_for(lambda: waiting() >= 12, what="a queue for the one slot")
+    with backlog(one_slot, 16, 48) as submitted:
+        wait_for(lambda: len(submitted) >= 40, what="requests served behind a full queue")
         assert put(one_slot, settings).status_code == 200
         try:
             wait_for(lambda: changed(), what="an autopilot change")
