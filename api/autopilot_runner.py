@@ -6,6 +6,7 @@ operation) and applies its choice through `update_knobs(origin="autopilot", reas
 
 import asyncio
 import contextlib
+import functools
 import os
 import pickle
 import threading
@@ -25,7 +26,7 @@ from engine.loop import EngineDead, EngineLoop
 from engine.queue_snapshot import QueueSnapshot
 from tuning.autopilot import Autopilot, Decision, Evaluate, trials_while_room
 from tuning.autopilot_settings import AutopilotSettings
-from tuning.cost_model import stack
+from tuning.cost_model import Rows, stack
 from tuning.live import arrival_window, twin_from_live
 from tuning.tune import Trial
 
@@ -131,7 +132,10 @@ class AutopilotRunner:
         try:
             s = self.settings
             young = arrival_window(snapshot.t - started_t)
-            stacked = stack(rows)
+
+            @functools.cache
+            def stacked() -> Rows:  # once a tick, and only on a tick that asks the twin
+                return stack(rows)
 
             def twin_trials(
                 changes: list[dict[str, Any]], window_s: float, errors: float = 0.0
@@ -139,8 +143,10 @@ class AutopilotRunner:
                 # pickled here, so that this thread's CPU time counts it: the pool's feeder
                 # thread would do it unseen, on the server's GIL all the same
                 window = min(window_s, young)
-                args = (config, steps, stacked, view.records, snapshot, window, s, changes, errors)
-                payload = pickle.dumps(args)
+                rec = view.records
+                payload = pickle.dumps(
+                    (config, steps, stacked(), rec, snapshot, window, s, changes, errors)
+                )
                 trials, cpu_s = self._analysis.submit(live_trials, payload).result()
                 self.cpu_s += cpu_s
                 return trials
