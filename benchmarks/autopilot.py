@@ -12,7 +12,8 @@ Per run and phase, from the recorded requests (by arrival): SLO attainment (both
 targets met by a request: TTFT and TPOT within them), goodput, p90 TTFT and TPOT; from the
 recorded knob changes, the autopilot's changes, how long after each phase change it kept
 changing (settle), and its changes a minute after that; from GET /api/autopilot and the
-recorded steps, the autopilot's CPU against the engine thread's step time.
+recorded steps, the autopilot's CPU against the engine thread's step time; from polling GET
+/api/autopilot during the run, what it last said in each phase (a hold leaves only a note).
 Run: `python benchmarks/autopilot.py` (`--quick` for a smoke run).
 """
 
@@ -25,6 +26,7 @@ import math
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,6 +49,7 @@ from tuning.whatif import twin_from_recording
 SECTION = "autopilot"
 PHASES = ("low", "burst 3x", "long prompts", "low again")
 SETTLE_S = 10.0  # the autopilot should stop changing knobs this soon after a phase change
+WATCH_S = 1.0  # how often a run polls the autopilot's state and note
 TARGETS = {
     "vs_static": Target("autopilot attainment minus the best static's, points", -2.0),
     "vs_defaults": Target("autopilot attainment minus the defaults', points", 15.0),
@@ -98,7 +101,8 @@ def run(
                 "/api/knobs", json=knobs, params={"origin": "benchmark"}
             ).raise_for_status()
         started = time.time()
-        summary = asyncio.run(run_load(str(client.base_url), trace, seed=args.seed))
+        with watched(str(client.base_url), started, kind == "autopilot") as notes:
+            summary = asyncio.run(run_load(str(client.base_url), trace, seed=args.seed))
         pilot = client.get("/api/autopilot", params={"history": 0}).json()
         session = wait_recorded(client, summary["ok"])
     records = q.requests(store, session)
@@ -116,8 +120,39 @@ def run(
             {"t": c["t"] - started, "changes": c["changes"], "reason": c["reason"]} for c in changes
         ],
         "cpu_share": 100 * pilot["cpu_s"] / engine_s if engine_s else 0.0,
+        "notes": notes,
         "records": records,
     }
+
+
+@contextlib.contextmanager
+def watched(url: str, started: float, on: bool) -> Iterator[list[dict[str, Any]]]:
+    """The autopilot's state and note every WATCH_S while the block runs, when `on`: each
+    change of them, seconds from `started`. A hold leaves no knob change, only its note."""
+    notes: list[dict[str, Any]] = []
+    done = threading.Event()
+
+    def poll() -> None:
+        with httpx.Client(base_url=url, timeout=60) as client:
+            while not done.wait(WATCH_S):
+                st = client.get("/api/autopilot").json()
+                if not notes or (notes[-1]["state"], notes[-1]["note"]) != (
+                    st["state"],
+                    st["note"],
+                ):
+                    notes.append(
+                        {"t": time.time() - started, "state": st["state"], "note": st["note"]}
+                    )
+
+    watcher = threading.Thread(target=poll, daemon=True)
+    if on:
+        watcher.start()
+    try:
+        yield notes
+    finally:
+        done.set()
+        if on:
+            watcher.join()
 
 
 def wait_recorded(client: httpx.Client, requests: int) -> str:
@@ -179,6 +214,19 @@ def settling(r: dict[str, Any], args: argparse.Namespace) -> tuple[float, float]
         steady = [t for t in times if t >= lo + SETTLE_S]
         rate = max(rate, len(steady) * 60 / max(1e-9, hi - lo - SETTLE_S))
     return settle, rate
+
+
+def last_notes(notes: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
+    """Per phase, the autopilot's last state and note in it (or carried into it) and how many
+    times they changed there."""
+    out = []
+    for i, phase in enumerate(PHASES):
+        lo, hi = i * args.phase_s, (i + 1) * args.phase_s
+        changed = sum(lo <= n["t"] < hi for n in notes)
+        before = [n for n in notes if n["t"] < hi]
+        said = f"{before[-1]['state']}: {before[-1]['note'] or '-'}" if before else "-"
+        out.append(f"{phase} (new notes: {changed}): {said}")
+    return out
 
 
 def search_static(store: Store, session: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -258,6 +306,15 @@ def render(args: argparse.Namespace, argv: list[str], out: dict[str, Any], total
     for i, r in enumerate(pilots, 1):
         lines.append(f"- run {i}:" + ("" if r["changes"] else " none"))
         lines += [f"  - {c['t']:.1f} s: {c['changes']}: {c['reason']}" for c in r["changes"]]
+    lines += [
+        "",
+        f"What it last said in each phase (`GET /api/autopilot` every {WATCH_S:g} s), with how "
+        "many times its state or note changed there (new notes):",
+        "",
+    ]
+    for i, r in enumerate(pilots, 1):
+        lines.append(f"- run {i}:")
+        lines += [f"  - {line}" for line in last_notes(r["notes"], args)]
     v = out["summary"]["values"]
     lines += [
         "",

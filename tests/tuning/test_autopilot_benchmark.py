@@ -23,3 +23,6 @@ def test_quick_run_scores_every_kind_of_run(tmp_path: Path) -> None:
     assert all(text.count(m) == 1 for m in markers(bench.SECTION))
     assert text.count("[met]") + text.count("[MISSED]") == len(bench.TARGETS)
     assert "- run 1:" in text  # the autopilot's changes, each with its reason
+    pilot = out["runs"][-1]
+    assert pilot["notes"] and all(n["state"] != "off" for n in pilot["notes"])
+    assert all(f"  - {phase} (" in text for phase in bench.PHASES)  # what it said, per phase
