@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import math
+import random
 import statistics
 import sys
 import tempfile
@@ -40,6 +41,7 @@ from targets import Target
 
 import stats
 from api.loadgen import Arrival, parse_dist, poisson_arrivals, run_load
+from engine import LLMEngine, SamplingParams
 from storage import Store
 from storage import queries as q
 from tuning.outcome import request_tpot_ms
@@ -50,6 +52,13 @@ SECTION = "autopilot"
 PHASES = ("low", "burst 3x", "long prompts", "low again")
 SETTLE_S = 10.0  # the autopilot should stop changing knobs this soon after a phase change
 WATCH_S = 1.0  # how often a run polls the autopilot's state and note
+# The long-prompt phase's prompt tokens a second as a share of the prefill rate measured on
+# this machine. At 0.45 on an AMD EPYC (2.0 req/s) the defaults attained 56.5% and 89.1% of
+# a 40 s phase alone, budget 512 with chunk 256 96.7% and 97.8%, budget and chunk 1024 23.9%
+# and 15.2%: a phase where the defaults are wrong and another setting is right. The fixed
+# 0.75 req/s before was 15% there and heavy only on a machine 3-4x slower.
+LONG_LOAD = 0.45
+PROBE = 12  # long prompts the prefill rate is measured on
 TARGETS = {
     "vs_static": Target("autopilot attainment minus the best static's, points", -2.0),
     "vs_defaults": Target("autopilot attainment minus the defaults', points", 15.0),
@@ -58,6 +67,36 @@ TARGETS = {
     "cpu": Target("autopilot CPU / engine-thread step time, %", 1.0, False),
 }
 SEARCHED = ["max_num_seqs", "max_num_batched_tokens", "prefill_chunk_size"]
+
+
+def prefill_rate(args: argparse.Namespace) -> float:
+    """Prompt tokens a second that the engine prefills on this machine: PROBE prompts of the
+    long-prompt phase's lengths at once, offline, default knobs, after a warm-up."""
+    engine = LLMEngine(model=args.model, threads=args.threads)
+    vocab = engine.model_config.vocab_size
+    rng = random.Random(args.seed)
+    lengths = parse_dist(args.long_prompt_len)
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+
+    def prefill(n: int) -> tuple[int, float]:
+        prompts = [[rng.randrange(vocab) for _ in range(lengths.sample(rng))] for _ in range(n)]
+        for prompt in prompts:
+            engine.add_request(prompt, params)
+        start = time.perf_counter()
+        while engine.has_unfinished():
+            engine.step()
+        return sum(map(len, prompts)), time.perf_counter() - start
+
+    prefill(2)
+    tokens, seconds = prefill(PROBE)
+    return tokens / seconds
+
+
+def long_rate(args: argparse.Namespace, tok_s: float) -> float:
+    """req/s of the long-prompt phase that makes LONG_LOAD of `tok_s` in prompt tokens."""
+    lengths, rng = parse_dist(args.long_prompt_len), random.Random(args.seed)
+    mean = statistics.fmean(lengths.sample(rng) for _ in range(1000))
+    return LONG_LOAD * tok_s / mean
 
 
 def phased_trace(args: argparse.Namespace) -> list[Arrival]:
@@ -269,6 +308,16 @@ def summarize(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
     }
 
 
+def long_text(args: argparse.Namespace) -> str:
+    if args.prefill_tok_s is None:
+        return "The long-prompt rate was given."
+    return (
+        f"The long-prompt rate makes {LONG_LOAD:.0%} of the prefill rate measured here "
+        f"({args.prefill_tok_s:.0f} prompt tok/s: {PROBE} of its prompts at once, offline, "
+        "default knobs)."
+    )
+
+
 def render(args: argparse.Namespace, argv: list[str], out: dict[str, Any], total_s: float) -> str:
     command = ["python", "benchmarks/autopilot.py", *argv]
     lines = [
@@ -281,7 +330,7 @@ def render(args: argparse.Namespace, argv: list[str], out: dict[str, Any], total
         f"- Trace: four phases of {args.phase_s:g} s ({', '.join(PHASES)}): Poisson arrivals at "
         f"{args.rate:g}, {3 * args.rate:g}, {args.long_rate:g} and {args.rate:g} req/s; prompts "
         f"`{args.prompt_len}` (long phase `{args.long_prompt_len}`), outputs `{args.output_len}`; "
-        f"{out['requests']} requests; seed {args.seed}.",
+        f"{out['requests']} requests; seed {args.seed}. {long_text(args)}",
         f"- SLO: p90 TTFT {args.ttft_ms:g} ms and p90 TPOT {args.tpot_ms:g} ms; a request attains "
         "it when its TTFT and TPOT are within both.",
         f"- Best static setting (the twin of the first defaults run, {args.trials} grid points "
@@ -337,7 +386,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     # the burst at 3x stays below the engine's knee (about 9 req/s at --threads 1), where a
     # queue that starts to grow does not drain and repeats differ by 50 points and more
     p.add_argument("--rate", type=float, default=2.5, help="req/s of the low phases")
-    p.add_argument("--long-rate", type=float, default=0.75, help="req/s of the long-prompt phase")
+    p.add_argument(
+        "--long-rate",
+        type=float,
+        help="req/s of the long-prompt phase (default: LONG_LOAD of the prefill rate measured)",
+    )
     p.add_argument("--prompt-len", default="uniform:16:256")
     p.add_argument("--long-prompt-len", default="uniform:1024:1800")
     p.add_argument("--output-len", default="uniform:16:96")
@@ -364,6 +417,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     started = time.perf_counter()
+    args.prefill_tok_s = None
+    if args.long_rate is None:
+        args.prefill_tok_s = prefill_rate(args)
+        args.long_rate = round(long_rate(args, args.prefill_tok_s), 2)
+        print(
+            f"prefill {args.prefill_tok_s:.0f} tok/s: the long prompts arrive at "
+            f"{args.long_rate:g} req/s",
+            file=sys.stderr,
+            flush=True,
+        )
     trace = phased_trace(args)
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -26,3 +26,10 @@ def test_quick_run_scores_every_kind_of_run(tmp_path: Path) -> None:
     pilot = out["runs"][-1]
     assert pilot["notes"] and all(n["state"] != "off" for n in pilot["notes"])
     assert all(f"  - {phase} (" in text for phase in bench.PHASES)  # what it said, per phase
+
+
+def test_the_long_prompt_rate_is_a_share_of_the_prefill_rate_measured() -> None:
+    args = bench.parse_args(["--model", "synthetic:tiny", "--long-prompt-len", "fixed:300"])
+    tok_s = bench.prefill_rate(args)
+    assert 100 < tok_s < 1e7  # the probe prefilled its prompts, and took time doing so
+    assert bench.long_rate(args, tok_s) == pytest.approx(bench.LONG_LOAD * tok_s / 300)
