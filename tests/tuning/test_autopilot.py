@@ -17,6 +17,7 @@ from tuning.autopilot import (
     REVERSE_S,
     Autopilot,
     Decision,
+    Evaluate,
     trials_while_room,
 )
 from tuning.autopilot_settings import AutopilotSettings, parse_targets
@@ -208,26 +209,28 @@ def test_a_gain_of_one_simulated_request_is_within_the_twins_error() -> None:
 
 def test_a_gain_that_the_twins_error_could_undo_waits() -> None:
     """The twin predicts 40% -> 90% attainment for a change with its fit, and with its steps
-    one held-out error shorter, but 40% -> 42% with them one error longer: within its error,
-    so the change waits; a gain that holds both ways is made."""
+    one held-out error shorter, but 40% -> 40% with them one error longer: within its error,
+    so the change waits. A gain that shrinks under the error but holds both ways (40% -> 42%)
+    is made: the need was cleared by the fit's prediction."""
     misses = [record(95 + 0.4 * i, 900.0) for i in range(10)]
     asked: list[float] = []
 
-    def doubtful(
-        changes: list[dict[str, Any]], window_s: float, errors: float = 0.0
-    ) -> list[Trial]:
-        asked.append(errors)
-        return fixed(0.4, 0.42 if errors > 0 else 0.9)(changes, window_s)
+    def longer_gives(attained: float) -> Evaluate:
+        def run(changes: list[dict[str, Any]], window_s: float, errors: float = 0.0) -> list[Trial]:
+            asked.append(errors)
+            return fixed(0.4, attained if errors > 0 else 0.9)(changes, window_s)
+
+        return run
 
     pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50))
-    assert pilot.tick(100.0, Knobs(), misses, no_attribution, doubtful) is None
+    assert pilot.tick(100.0, Knobs(), misses, no_attribution, longer_gives(0.4)) is None
     assert asked == [0.0, -1.0, 1.0] and pilot.state == "holding"
     assert pilot.note.endswith(
-        "is predicted to gain 0.05 or more in score, but +0.020 with the twin's steps one "
+        "is predicted to gain +0.500 in score, but +0.000 with the twin's steps one "
         "held-out error longer: within its error"
     )
     pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50))
-    decision = pilot.tick(100.0, Knobs(), misses, no_attribution, fixed(0.4, 0.9))
+    decision = pilot.tick(100.0, Knobs(), misses, no_attribution, longer_gives(0.42))
     assert decision is not None and decision.action == "change"
 
 
