@@ -1,5 +1,6 @@
 """LLMEngine: one step = schedule, prepare, forward (attention + grouped MoE), sample, update."""
 
+import gc
 import numbers
 import time
 import uuid
@@ -77,6 +78,12 @@ class LLMEngine:
         self._loads: deque[torch.Tensor] = deque(maxlen=LOAD_WINDOW)
         self._since_rebalance = 0
         self._arrived = 0
+        # torch's, the model's and the server's objects live as long as the process: a full
+        # collection walked them all, 0.1 s with the GIL held that stalled the engine thread.
+        # As vLLM does after start-up; collected first, so that garbage (an engine built
+        # before this one) is not kept for good
+        gc.collect()
+        gc.freeze()
 
     @property
     def placement(self) -> Placement:
