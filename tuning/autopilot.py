@@ -27,7 +27,7 @@ ROLLBACK_MARGIN = 0.05  # attainment this much worse after a change than before:
 BAN_S = 120.0  # a rolled-back move is not tried again for this long
 MAX_BACKOFF = 8  # the gap between changes grows up to this many times after rollbacks
 JUDGE_WITHIN = 3  # observe_s periods to wait for enough requests to judge a change
-MAX_LOOK_BACKOFF = 4  # fruitless looks at the same misses space the next out up to this many times
+MAX_LOOK_BACKOFF = 4  # fruitless looks space the next out up to this many times
 REVERSE_S = 60.0  # undoing its own change this soon after it needs REVERSE_GAIN times the gain
 REVERSE_GAIN = 2.0
 # a gain must be worth this many of the simulated requests attaining: whether one request
@@ -125,7 +125,7 @@ class Autopilot:
         self.pending: Pending | None = None
         self.last_change_t = float("-inf")
         self.last_look_t = float("-inf")
-        self.fruitless_looks = 0  # looks in a row that found nothing, at the same misses
+        self.fruitless_looks = 0  # looks in a row that found nothing, no target missed anew
         self.looked_at: set[str] = set()  # the targets missed at the last look
         self.paused_until = float("-inf")
         self.backoff = 1.0
@@ -201,7 +201,10 @@ class Autopilot:
             self.state, self.note = "holding", MEASURED_TOO_FEW
             return None
         violated = self._violated(now)
-        if set(violated) != self.looked_at or shifted:
+        if not set(violated) <= self.looked_at or shifted:
+            # a target missed anew; fewer misses than at the last look are no reason to look
+            # sooner (in a heavy phase TTFT came and went between looks, and each return
+            # restarted the backoff)
             self.fruitless_looks = 0
         if t - self.last_look_t < self._look_gap(bool(violated)) and not shifted:
             self.state = "holding"
@@ -235,9 +238,9 @@ class Autopilot:
 
     def _look_gap(self, violated: bool) -> float:
         """Seconds between looks: look_s while a target is missed, explore_s while every one
-        is met; doubled after each look that found nothing to do about the same misses (or
-        the same met targets), up to MAX_LOOK_BACKOFF times: the twin is most of the CPU the
-        autopilot costs."""
+        is met; doubled after each look that found nothing to do, until a target is missed
+        that was not at the last look (or the load shifts), up to MAX_LOOK_BACKOFF times: the
+        twin is most of the CPU the autopilot costs."""
         s = self.settings
         base = s.look_s if violated else s.explore_s
         return base * min(MAX_LOOK_BACKOFF, 2**self.fruitless_looks)

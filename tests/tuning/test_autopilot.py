@@ -276,7 +276,7 @@ def test_a_fall_the_twin_foresaw_without_the_change_is_not_rolled_back() -> None
     assert pilot.state != "rolled back" and pilot.backoff == 1.0
 
 
-def test_looks_that_find_nothing_space_out_until_the_misses_change() -> None:
+def test_looks_that_find_nothing_space_out_until_a_target_is_newly_missed() -> None:
     pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50, look_s=5.0, min_gap_s=0.0))
     knobs = Knobs(max_num_seqs=8)
     looks: list[float] = []
@@ -299,6 +299,10 @@ def test_looks_that_find_nothing_space_out_until_the_misses_change() -> None:
     for t in range(160, 171):
         pilot.tick(float(t), knobs, ended(t, 1000.0), no_attribution, nothing_better)
     assert looks[4:] == [160, 170]
+    # TPOT met again: fewer misses are no reason to look sooner, the gaps go on growing
+    for t in range(171, 196):
+        pilot.tick(float(t), knobs, ended(t), no_attribution, nothing_better)
+    assert looks[6:] == [190]
 
 
 def test_looks_while_the_targets_hold_space_out_too() -> None:
