@@ -8,7 +8,6 @@ autopilot's twin) is such a thread for seconds at a time, so they run here inste
 priority, in a process started on first use.
 """
 
-import gc
 import importlib
 import multiprocessing
 import os
@@ -17,6 +16,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any, TypeVar
+
+from engine.gc_heap import freeze_heap
 
 T = TypeVar("T")
 NICE = 10  # as the autopilot's thread was: the engine first, but not starved
@@ -37,10 +38,9 @@ def _start(preload: tuple[str, ...]) -> None:
     threading.Thread(target=_exit_with, args=(os.getppid(),), daemon=True).start()
     for module in preload:
         importlib.import_module(module)
-    # what the imports made lives as long as the worker: without this, a full collection
-    # walked it (0.1 s) every few simulations, a tenth of the autopilot's CPU in replays
-    gc.collect()
-    gc.freeze()
+    # what the imports made lives as long as the worker: a full collection walked it (0.1 s)
+    # every few simulations, a tenth of the autopilot's CPU in replays
+    freeze_heap()
     os.nice(NICE)
 
 

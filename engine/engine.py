@@ -1,6 +1,5 @@
 """LLMEngine: one step = schedule, prepare, forward (attention + grouped MoE), sample, update."""
 
-import gc
 import numbers
 import time
 import uuid
@@ -15,6 +14,7 @@ from engine.ep.placement import Placement, max_replicas
 from engine.ep.ranks import Ranks, model_runner
 from engine.ep.rebalance import predicted_imbalance, rebalance
 from engine.errors import InvalidInput, Refused
+from engine.gc_heap import freeze_heap
 from engine.knob_versions import KnobVersions
 from engine.knobs import Knobs, validate_knobs
 from engine.kv_cache import BlockManager
@@ -78,12 +78,7 @@ class LLMEngine:
         self._loads: deque[torch.Tensor] = deque(maxlen=LOAD_WINDOW)
         self._since_rebalance = 0
         self._arrived = 0
-        # torch's, the model's and the server's objects live as long as the process: a full
-        # collection walked them all, 0.1 s with the GIL held that stalled the engine thread.
-        # As vLLM does after start-up; collected first, so that garbage (an engine built
-        # before this one) is not kept for good
-        gc.collect()
-        gc.freeze()
+        freeze_heap()
 
     @property
     def placement(self) -> Placement:
