@@ -35,13 +35,14 @@ from typing import Any
 
 import httpx
 import machine
+from offline_runners import Workload, run_ours
 from results_md import add_results_arguments, header, publish, results_path
 from serving import server
 from targets import Target
 
 import stats
 from api.loadgen import Arrival, parse_dist, poisson_arrivals, run_load
-from engine import LLMEngine, SamplingParams
+from engine import LLMEngine
 from storage import Store
 from storage import queries as q
 from tuning.outcome import request_tpot_ms
@@ -76,20 +77,14 @@ def prefill_rate(args: argparse.Namespace) -> float:
     vocab = engine.model_config.vocab_size
     rng = random.Random(args.seed)
     lengths = parse_dist(args.long_prompt_len)
-    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
 
-    def prefill(n: int) -> tuple[int, float]:
-        prompts = [[rng.randrange(vocab) for _ in range(lengths.sample(rng))] for _ in range(n)]
-        for prompt in prompts:
-            engine.add_request(prompt, params)
-        start = time.perf_counter()
-        while engine.has_unfinished():
-            engine.step()
-        return sum(map(len, prompts)), time.perf_counter() - start
+    def prompts(n: int) -> Workload:
+        made = [[rng.randrange(vocab) for _ in range(lengths.sample(rng))] for _ in range(n)]
+        return Workload(made, [1] * n)
 
-    prefill(2)
-    tokens, seconds = prefill(PROBE)
-    return tokens / seconds
+    run_ours(engine, prompts(2), "warm-up", "")
+    probe = prompts(PROBE)
+    return probe.num_prompt_tokens / run_ours(engine, probe, "probe", "").wall_s
 
 
 def long_rate(args: argparse.Namespace, tok_s: float) -> float:
@@ -175,13 +170,9 @@ def watched(url: str, started: float, on: bool) -> Iterator[list[dict[str, Any]]
         with httpx.Client(base_url=url, timeout=60) as client:
             while not done.wait(WATCH_S):
                 st = client.get("/api/autopilot").json()
-                if not notes or (notes[-1]["state"], notes[-1]["note"]) != (
-                    st["state"],
-                    st["note"],
-                ):
-                    notes.append(
-                        {"t": time.time() - started, "state": st["state"], "note": st["note"]}
-                    )
+                said = {"state": st["state"], "note": st["note"]}
+                if not notes or {k: notes[-1][k] for k in said} != said:
+                    notes.append({"t": time.time() - started, **said})
 
     watcher = threading.Thread(target=poll, daemon=True)
     if on:
