@@ -14,7 +14,7 @@ from engine.errors import InvalidInput
 from engine.knobs import Knobs
 from tuning.autopilot_moves import moves
 from tuning.autopilot_settings import AutopilotSettings
-from tuning.load_shift import SHIFT_S, Arrival, shift
+from tuning.load_shift import SHIFT_S, Arrival, Shift, shift
 from tuning.outcome import request_tpot_ms
 from tuning.tune import Trial, evaluate
 from tuning.whatif import Twin
@@ -132,7 +132,7 @@ class Autopilot:
         self.banned: dict[tuple[str, int], float] = {}
         self.last_moves: dict[str, tuple[int, float]] = {}  # knob -> (direction, t) of our last
         self.regime_t = float("-inf")  # when a shift in the load was last seen (tuning.load_shift)
-        self.shifted: str | None = None  # that shift in words, until a look has weighed it
+        self.shifted: Shift | None = None  # that shift, until a look has weighed it
         # bumped by configure and a person's change, which may come while the twin runs
         self.generation = 0
 
@@ -211,19 +211,24 @@ class Autopilot:
             self.note = "; ".join(violated.values()) or "targets met"
             return None
         self.last_look_t, self.looked_at = t, set(violated)
-        why = {**violated, **({"load": f"load shifted: {shifted}"} if shifted else {})}
-        decision = self._choose(t, knobs, now, why, attribution(), evaluate)
+        why = {**violated, **({"load": f"load shifted: {shifted.text}"} if shifted else {})}
+        hints = shifted.causes if shifted else ()
+        decision = self._choose(t, knobs, now, why, hints, attribution(), evaluate)
         self.fruitless_looks = 0 if decision is not None else self.fruitless_looks + 1
         if decision is None and shifted and self.state == "holding":
-            self.note = f"load shifted ({shifted}); {self.note}"
+            self.note = f"load shifted ({shifted.text}); {self.note}"
+        if self.state == "waiting" and shifted and t - self.regime_t < self.settings.arrivals_s:
+            # the twin could not weigh it yet (a new load runs steps unlike any fitted): ask
+            # again next tick, as the new load's steps come in
+            self.shifted = shifted
         return decision
 
     def _watch_load(self, t: float, arrivals: Sequence[Arrival]) -> None:
         """Note a shift in the arrivals against those of the last arrivals_s since the last
         shift: a look weighs it at once, and the twin repeats only the arrivals since."""
-        text = shift(arrivals, t, max(self.regime_t, t - SHIFT_S - self.settings.arrivals_s))
-        if text is not None:
-            self.regime_t, self.shifted = t, text
+        seen = shift(arrivals, t, max(self.regime_t, t - SHIFT_S - self.settings.arrivals_s))
+        if seen is not None:
+            self.regime_t, self.shifted = t, seen
 
     def arrivals_window(self, t: float) -> float:
         """Seconds of recent arrivals the twin repeats: arrivals_s, or fewer after a shift:
@@ -260,11 +265,15 @@ class Autopilot:
         knobs: Knobs,
         now: Measured,
         violated: dict[str, str],
+        hints: Sequence[str],
         attribution: dict[str, Any] | None,
         evaluate: Evaluate,
     ) -> Decision | None:
+        """`hints`: causes a shift in the load brings, weighed before the attribution's (of
+        requests that ended under the load before)."""
         banned = {m for m, until in self.banned.items() if until > t}
-        candidates = moves(knobs, self.settings, dominant_causes(attribution), banned)
+        causes = [*hints, *dominant_causes(attribution)]
+        candidates = moves(knobs, self.settings, causes, banned)
         if not candidates:
             self.state, self.note = "holding", "no move left within the bounds"
             return None

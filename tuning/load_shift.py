@@ -4,6 +4,7 @@ shows here seconds before the requests it brings end and show in the latencies."
 import math
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 SHIFT_S = 5.0  # the latest arrivals, compared with those before them
 FACTOR = 2.0  # a rate or a mean prompt length at least this many times, or this much less
@@ -11,14 +12,27 @@ SIGMAS = 4.0  # and this many standard errors apart: a tick every 2 s tests ofte
 MIN_ARRIVALS = 3  # arrivals each side needs before its mean prompt length is compared
 
 Arrival = tuple[float, int]  # (arrival time, prompt length)
+# the attribution causes (tuning.attribution) a shift brings before its requests end and show
+# them: more arrivals queue for slots and budget; longer prompts put long prefill chunks in
+# the decode steps
+MORE_ARRIVALS = ("queue_slots", "queue_budget")
+LONGER_PROMPTS = ("decode_tax",)
 
 
-def shift(arrivals: Sequence[Arrival], t: float, since: float) -> str | None:
+@dataclass(frozen=True)
+class Shift:
+    """A shift in words, and the causes it brings (most likely first)."""
+
+    text: str
+    causes: tuple[str, ...]
+
+
+def shift(arrivals: Sequence[Arrival], t: float, since: float) -> Shift | None:
     """How the arrivals of the last SHIFT_S before `t` differ from those between `since` and
-    them, in words; None when they do not clearly differ or the earlier span is shorter than
-    SHIFT_S. Clearly: a rate or mean prompt length FACTOR times higher or lower, and more
-    than SIGMAS standard errors apart (Poisson counts for the rates, the earlier prompts'
-    spread for the means)."""
+    them; None when they do not clearly differ or the earlier span is shorter than SHIFT_S.
+    Clearly: a rate or mean prompt length FACTOR times higher or lower, and more than SIGMAS
+    standard errors apart (Poisson counts for the rates, the earlier prompts' spread for the
+    means)."""
     cut = t - SHIFT_S
     span = cut - since
     if span < SHIFT_S:
@@ -26,18 +40,21 @@ def shift(arrivals: Sequence[Arrival], t: float, since: float) -> str | None:
     before = [p for a, p in arrivals if since <= a < cut]
     latest = [p for a, p in arrivals if cut <= a <= t]
     rate_before, rate_now = len(before) / span, len(latest) / SHIFT_S
-    out = []
+    out: list[str] = []
+    causes: tuple[str, ...] = ()
     # two Poisson counts: the rates' difference in standard errors under one pooled rate
     pooled = max(len(before) + len(latest), 1) / (span + SHIFT_S)
     error = math.sqrt(pooled * (1 / span + 1 / SHIFT_S))
     if _apart(rate_now, rate_before) and abs(rate_now - rate_before) > SIGMAS * error:
         out.append(f"arrivals {rate_before:.1f} → {rate_now:.1f} req/s")
+        causes += MORE_ARRIVALS if rate_now > rate_before else ()
     if len(before) >= MIN_ARRIVALS and len(latest) >= MIN_ARRIVALS:
         mean_before, mean_now = statistics.fmean(before), statistics.fmean(latest)
         error = statistics.stdev(before) / math.sqrt(len(latest))
         if _apart(mean_now, mean_before) and abs(mean_now - mean_before) > SIGMAS * error:
             out.append(f"mean prompt {mean_before:.0f} → {mean_now:.0f} tokens")
-    return ", ".join(out) or None
+            causes += LONGER_PROMPTS if mean_now > mean_before else ()
+    return Shift(", ".join(out), causes) if out else None
 
 
 def _apart(now: float, before: float) -> bool:

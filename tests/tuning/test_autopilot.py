@@ -418,6 +418,43 @@ def test_a_shift_in_the_arrivals_is_looked_at_at_once_on_the_new_load_alone() ->
     assert looks == [(100.0, 20.0, e) for e in (0, -1, 1)] + [(106.0, 7.0, e) for e in (0, -1, 1)]
 
 
+def test_a_shift_to_long_prompts_weighs_a_smaller_chunk_first_once_the_twin_can() -> None:
+    """From 100 s the prompts grow from 100 tokens to 1500; nothing has ended under them, so
+    no attribution points anywhere. The shift itself hints at long chunks in decode steps: a
+    smaller chunk is the first candidate (the single steps of the other knobs alone leave it
+    out). The twin cannot weigh the new load until its steps come in (here until 108 s): the
+    pilot asks again each tick, and moves the chunk as soon as it can."""
+    short = [(80 + 0.5 * i, 100) for i in range(40)]
+    long = [(100 + 0.5 * i, 1500) for i in range(80)]
+    ready = 108.0
+    asked: list[tuple[float, dict[str, Any]]] = []
+
+    def twin(changes: list[dict[str, Any]], window_s: float, errors: float = 0.0) -> list[Trial]:
+        asked.append((t, changes[1] if len(changes) > 1 else {}))
+        if t < ready:
+            raise InvalidInput("not enough steps like this", "knobs")
+        chunk = {"prefill_chunk_size": 256}
+        return [Trial(c, {"tpot_p90_ms": 50.0}, 1.0, 0.9 if c == chunk else 0.5) for c in changes]
+
+    pilot = Autopilot(settings(ttft_p90_ms=1000, tpot_p90_ms=60))
+    decision, t = None, 100.0
+    while decision is None and t <= 120:
+        decision = pilot.tick(t, Knobs(), [], no_attribution, twin, (), short + long)
+        assert decision is not None or pilot.state == "waiting"
+        t += 2
+    first = asked[0][0]
+    assert [a for a, _ in asked] == [*range(int(first), int(ready), 2), ready, ready, ready]
+    assert asked[-3][1] == {"prefill_chunk_size": 256}
+    assert decision is not None and decision.changes == {"prefill_chunk_size": [512, 256]}
+    assert decision.reason.startswith("load shifted: mean prompt 100 → ")
+    # a twin that never can: asked each tick for arrivals_s (20 s) after the shift, then left
+    ready, asked[:] = float("inf"), []
+    pilot = Autopilot(settings(ttft_p90_ms=1000, tpot_p90_ms=60))
+    for t in range(100, 160, 2):
+        assert pilot.tick(t, Knobs(), [], no_attribution, twin, (), short + long) is None
+    assert [a for a, _ in asked] == list(range(int(asked[0][0]), int(asked[0][0]) + 21, 2))
+
+
 def test_a_persons_change_pauses_it_and_it_resumes_after() -> None:
     pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50, pause_s=30.0))
     knobs = Knobs(max_num_seqs=8)

@@ -2,7 +2,7 @@
 arrivals seeded, looked at every 2 s as the autopilot ticks."""
 
 from api.loadgen import parse_dist, poisson_arrivals
-from tuning.load_shift import SHIFT_S, Arrival, shift
+from tuning.load_shift import LONGER_PROMPTS, MORE_ARRIVALS, SHIFT_S, Arrival, Shift, shift
 
 
 def poisson(rate: float, start: float, end: float, prompt: str, seed: int) -> list[Arrival]:
@@ -11,16 +11,16 @@ def poisson(rate: float, start: float, end: float, prompt: str, seed: int) -> li
     return [(start + a.t, a.prompt_len) for a in out]
 
 
-def detections(arrivals: list[Arrival], end: float) -> list[tuple[float, str]]:
-    """(tick, text) of each shift seen, ticking every 2 s and comparing with the arrivals since
+def detections(arrivals: list[Arrival], end: float) -> list[tuple[float, Shift]]:
+    """(tick, shift) of each shift seen, ticking every 2 s and comparing with the arrivals since
     the last shift (at most 20 s before the latest), as the autopilot does."""
     since, out = 0.0, []
     for tick in range(2, int(end) + 1, 2):
         t = float(tick)
-        text = shift([a for a in arrivals if a[0] <= t], t, max(since, t - SHIFT_S - 20.0))
-        if text is not None:
+        seen = shift([a for a in arrivals if a[0] <= t], t, max(since, t - SHIFT_S - 20.0))
+        if seen is not None:
             since = t
-            out.append((t, text))
+            out.append((t, seen))
     return out
 
 
@@ -39,7 +39,7 @@ def test_steady_load_shows_no_shift() -> None:
 
 def test_each_phase_change_is_seen_within_seconds_and_once() -> None:
     short, long = "uniform:16:256", "uniform:1024:1800"
-    phases = [(2.5, short), (7.5, short), (0.75, long), (2.5, short)]
+    phases = [(2.5, short), (7.5, short), (1.2, long), (2.5, short)]
     arrivals = [
         a
         for i, (rate, prompt) in enumerate(phases)
@@ -48,16 +48,21 @@ def test_each_phase_change_is_seen_within_seconds_and_once() -> None:
     seen = detections(arrivals, 300)
     assert [int(t // 75) for t, _ in seen] == [1, 2, 3]
     assert [t % 75 for t, _ in seen] <= [SHIFT_S + 2] * 3, seen
-    burst, longer, low = (text for _, text in seen)
-    assert change(burst, "arrivals") >= 2 and change(burst, "mean prompt") == 1
-    assert change(longer, "arrivals") <= 0.5
-    assert change(low, "mean prompt") <= 0.5
+    burst, longer, low = (s for _, s in seen)
+    assert change(burst.text, "arrivals") >= 2 and change(burst.text, "mean prompt") == 1
+    assert change(longer.text, "arrivals") <= 0.5 and change(longer.text, "mean prompt") >= 2
+    assert change(low.text, "mean prompt") <= 0.5
+    # what each brings: a queue for the burst, long chunks in decode steps for the long
+    # prompts (fewer arrivals bring nothing), nothing new when the load lightens
+    assert (burst.causes, longer.causes, low.causes) == (MORE_ARRIVALS, LONGER_PROMPTS, ())
 
 
 def test_too_short_a_past_to_compare_with_shows_no_shift() -> None:
     busy = [(t / 10, 100) for t in range(100)]  # 10 req/s from 0 to 10 s
     assert shift(busy, 9.0, 0.0) is None  # 4 s before the latest 5: too short
-    assert shift([(0.5, 100)] + busy[50:], 10.0, 0.0) == "arrivals 0.2 → 10.0 req/s"
+    assert shift([(0.5, 100)] + busy[50:], 10.0, 0.0) == Shift(
+        "arrivals 0.2 → 10.0 req/s", MORE_ARRIVALS
+    )
 
 
 def test_a_change_of_prompt_lengths_within_their_spread_is_no_shift() -> None:
@@ -65,4 +70,4 @@ def test_a_change_of_prompt_lengths_within_their_spread_is_no_shift() -> None:
     assert shift(before + [(11.0, 400), (12.0, 420), (13.0, 410)], 14.0, 0.0) is None
     steady = [(i * 0.5, 200) for i in range(18)]  # no spread: any doubling is a shift
     got = shift(steady + [(11.0, 400), (12.0, 400), (13.0, 400)], 14.0, 0.0)
-    assert got is not None and got.endswith("mean prompt 200 → 400 tokens")
+    assert got is not None and got.text.endswith("mean prompt 200 → 400 tokens")
