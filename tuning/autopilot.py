@@ -133,6 +133,7 @@ class Autopilot:
         self.last_moves: dict[str, tuple[int, float]] = {}  # knob -> (direction, t) of our last
         self.regime_t = float("-inf")  # when a shift in the load was last seen (tuning.load_shift)
         self.shifted: Shift | None = None  # that shift, until a look has weighed it
+        self.shift_retry = False  # the shift is one the twin could not weigh at the last look
         # bumped by configure and a person's change, which may come while the twin runs
         self.generation = 0
 
@@ -196,6 +197,8 @@ class Autopilot:
                 return rollback
         if t - self.last_change_t < s.min_gap_s * self.backoff:
             return None
+        if self.shift_retry and self.shifted and t - self.last_look_t < s.look_s:
+            return None  # the twin could not weigh the shift at the last look; again in look_s
         shifted, self.shifted = self.shifted, None
         if now.requests < MIN_REQUESTS and not shifted:
             self.state, self.note = "holding", MEASURED_TOO_FEW
@@ -217,10 +220,10 @@ class Autopilot:
         self.fruitless_looks = 0 if decision is not None else self.fruitless_looks + 1
         if decision is None and shifted and self.state == "holding":
             self.note = f"load shifted ({shifted.text}); {self.note}"
-        if self.state == "waiting" and shifted and t - self.regime_t < self.settings.arrivals_s:
+        if self.state == "waiting" and shifted and t - self.regime_t < s.arrivals_s:
             # the twin could not weigh it yet (a new load runs steps unlike any fitted): ask
-            # again next tick, as the new load's steps come in
-            self.shifted = shifted
+            # again as the new load's steps come in
+            self.shifted, self.shift_retry = shifted, True
         return decision
 
     def _watch_load(self, t: float, arrivals: Sequence[Arrival]) -> None:
@@ -228,7 +231,7 @@ class Autopilot:
         shift: a look weighs it at once, and the twin repeats only the arrivals since."""
         seen = shift(arrivals, t, max(self.regime_t, t - SHIFT_S - self.settings.arrivals_s))
         if seen is not None:
-            self.regime_t, self.shifted = t, seen
+            self.regime_t, self.shifted, self.shift_retry = t, seen, False
 
     def arrivals_window(self, t: float) -> float:
         """Seconds of recent arrivals the twin repeats: arrivals_s, or fewer after a shift:
@@ -337,27 +340,29 @@ class Autopilot:
         self, best: Trial, gained: float, excess: bool, evaluate: Evaluate, window_s: float
     ) -> str | None:
         """Why `best`'s predicted gain (`gained`) may be the twin's error, in words: with every
-        step one held-out error longer, or shorter, than the fit, it gains nothing or loses;
-        None when it gains both ways. The need was cleared by the fit's prediction; under the
-        error the change must still help, since a uniform error moves both trials and can
-        squeeze a real gain (a smaller chunk gained 10-40 points in a long-prompt phase that
-        the twin predicted +0.10 for, +0.06 with its steps 13% longer). Only a change about to
-        be made pays these two runs."""
-        for errors in (-1.0, 1.0):
+        step one held-out error longer, or shorter, than the fit, it loses, or it gains
+        nothing both ways; None otherwise. The need was cleared by the fit's prediction; under
+        the error the change must do no harm and still help one way. A uniform error moves
+        both trials, so it can squeeze a real gain (a smaller chunk gained 10-40 points in a
+        long-prompt phase that the twin predicted +0.10 for, +0.06 with its steps 13% longer)
+        or leave nothing to gain one way (with steps shorter, the knobs as they are may
+        attain too). Only a change about to be made pays these two runs."""
+        gains = {}
+        for errors, way in ((-1.0, "shorter"), (1.0, "longer")):
             trials = evaluate([{}, best.changes], window_s, errors)
-            gain = (
+            gains[way] = (
                 score(trials[1], self.settings, excess) - score(trials[0], self.settings, excess)
                 if len(trials) == 2 and trials[0].outcome and trials[1].outcome
                 else -math.inf
             )
-            if gain <= 0:
-                what = ", ".join(f"{k} {v}" for k, v in best.changes.items())
-                way = "shorter" if errors < 0 else "longer"
-                shown = "nothing" if gain == -math.inf else f"{gain:+.3f}"
-                return (
-                    f"{what} is predicted to gain {gained:+.3f} in score, but {shown} "
-                    f"with the twin's steps one held-out error {way}: within its error"
-                )
+        worst = min(gains, key=gains.__getitem__)
+        if gains[worst] < 0 or max(gains.values()) <= 0:
+            what = ", ".join(f"{k} {v}" for k, v in best.changes.items())
+            shown = "nothing" if gains[worst] == -math.inf else f"{gains[worst]:+.3f}"
+            return (
+                f"{what} is predicted to gain {gained:+.3f} in score, but {shown} "
+                f"with the twin's steps one held-out error {worst}: within its error"
+            )
         return None
 
     def _need(self, move: tuple[str, int], t: float, violated: bool, requests: int) -> float:
