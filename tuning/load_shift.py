@@ -48,7 +48,9 @@ def shift(arrivals: Sequence[Arrival], t: float, since: float) -> Shift | None:
     if _apart(rate_now, rate_before) and abs(rate_now - rate_before) > SIGMAS * error:
         out.append(f"arrivals {rate_before:.1f} → {rate_now:.1f} req/s")
         causes += MORE_ARRIVALS if rate_now > rate_before else ()
-    if len(before) >= MIN_ARRIVALS and len(latest) >= MIN_ARRIVALS:
+    # a rate that shifted is a shift already: then even one or two of the latest prompts
+    # may say what it brings (one long prompt among short ones, alone, is no shift)
+    if len(before) >= MIN_ARRIVALS and len(latest) >= (1 if out else MIN_ARRIVALS):
         mean_before, mean_now = statistics.fmean(before), statistics.fmean(latest)
         error = statistics.stdev(before) / math.sqrt(len(latest))
         if _apart(mean_now, mean_before) and abs(mean_now - mean_before) > SIGMAS * error:

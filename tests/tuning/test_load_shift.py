@@ -71,3 +71,15 @@ def test_a_change_of_prompt_lengths_within_their_spread_is_no_shift() -> None:
     steady = [(i * 0.5, 200) for i in range(18)]  # no spread: any doubling is a shift
     got = shift(steady + [(11.0, 400), (12.0, 400), (13.0, 400)], 14.0, 0.0)
     assert got is not None and got.text.endswith("mean prompt 200 → 400 tokens")
+
+
+def test_prompts_too_few_to_show_a_shift_still_say_what_a_shift_in_the_rate_brings() -> None:
+    """Two long prompts in the latest 5 s are too few to call a shift alone (a prompt every
+    2 s before, as now); after eight short prompts a second, the rate fell too, and they name
+    what that shift brings."""
+    slow = [(2.0 * i, 100 + i) for i in range(10)]  # one every 2 s, 0 to 18 s
+    assert shift(slow + [(20.0, 1500), (22.0, 1400)], 23.9, 0.0) is None
+    busy = [(t / 8, 100 + t % 50) for t in range(80)]  # 8 a second, 0 to 10 s
+    fell = shift(busy + [(12.0, 1500), (14.0, 1400)], 15.0, 0.0)
+    assert fell is not None and fell.text.startswith("arrivals 8.0 → 0.4 req/s, mean prompt ")
+    assert fell.causes == LONGER_PROMPTS
