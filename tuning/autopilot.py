@@ -133,7 +133,6 @@ class Autopilot:
         self.last_moves: dict[str, tuple[int, float]] = {}  # knob -> (direction, t) of our last
         self.regime_t = float("-inf")  # when a shift in the load was last seen (tuning.load_shift)
         self.shifted: Shift | None = None  # that shift, until a look has weighed it
-        self.shift_retry = False  # the shift is one the twin could not weigh at the last look
         # bumped by configure and a person's change, which may come while the twin runs
         self.generation = 0
 
@@ -197,8 +196,10 @@ class Autopilot:
                 return rollback
         if t - self.last_change_t < s.min_gap_s * self.backoff:
             return None
-        if self.shift_retry and self.shifted and t - self.last_look_t < s.look_s:
-            return None  # the twin could not weigh the shift at the last look; again in look_s
+        if self.shifted and self.last_look_t >= self.regime_t and t - self.last_look_t < s.look_s:
+            # a shift seen before the last look is kept only when the twin could not weigh it
+            # there: it is asked again every look_s, a new shift at once
+            return None
         shifted, self.shifted = self.shifted, None
         if now.requests < MIN_REQUESTS and not shifted:
             self.state, self.note = "holding", MEASURED_TOO_FEW
@@ -223,7 +224,7 @@ class Autopilot:
         if self.state == "waiting" and shifted and t - self.regime_t < s.arrivals_s:
             # the twin could not weigh it yet (a new load runs steps unlike any fitted): ask
             # again as the new load's steps come in
-            self.shifted, self.shift_retry = shifted, True
+            self.shifted = shifted
         return decision
 
     def _watch_load(self, t: float, arrivals: Sequence[Arrival]) -> None:
@@ -231,7 +232,7 @@ class Autopilot:
         shift: a look weighs it at once, and the twin repeats only the arrivals since."""
         seen = shift(arrivals, t, max(self.regime_t, t - SHIFT_S - self.settings.arrivals_s))
         if seen is not None:
-            self.regime_t, self.shifted, self.shift_retry = t, seen, False
+            self.regime_t, self.shifted = t, seen
 
     def arrivals_window(self, t: float) -> float:
         """Seconds of recent arrivals the twin repeats: arrivals_s, or fewer after a shift:
