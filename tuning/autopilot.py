@@ -347,8 +347,9 @@ class Autopilot:
         both trials, so it can squeeze a real gain (a smaller chunk gained 10-40 points in a
         long-prompt phase that the twin predicted +0.10 for, +0.06 with its steps 13% longer)
         or leave nothing to gain one way (with steps shorter, the knobs as they are may
-        attain too). Only a change about to be made pays these two runs."""
-        gains = {}
+        attain too). Only a change about to be made pays these two runs, and a loss the first
+        way spares the second."""
+        gains: dict[str, float] = {}
         for errors, way in ((-1.0, "shorter"), (1.0, "longer")):
             trials = evaluate([{}, best.changes], window_s, errors)
             gains[way] = (
@@ -356,6 +357,8 @@ class Autopilot:
                 if len(trials) == 2 and trials[0].outcome and trials[1].outcome
                 else -math.inf
             )
+            if gains[way] < 0:
+                break
         worst = min(gains, key=gains.__getitem__)
         if gains[worst] < 0 or max(gains.values()) <= 0:
             what = ", ".join(f"{k} {v}" for k, v in best.changes.items())
