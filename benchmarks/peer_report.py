@@ -87,7 +87,7 @@ def setup(args: argparse.Namespace, ctx: Context, wl: Workload) -> list[str]:
         f"- Model: {ctx.shape.describe()}, seed {args.seed}; served at the section's precision",
         f"- {workload_line(wl, args.seed)} (llama.cpp's `ignore_eos` also bans its EOS id 2; "
         "the checkpoint has none)",
-        "- Method: one async httpx client in the benchmark process drives both (llama-server "
+        "- Method: one async aiohttp client in the benchmark process drives both (llama-server "
         "`/completion` with `cache_prompt: false`, moescope `/v1/completions`); every reply "
         "must hold exactly its requested token count; out tok/s = output tokens / wall time "
         "from the first send to the last reply. Each run is a fresh server subprocess, "

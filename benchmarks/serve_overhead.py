@@ -98,17 +98,20 @@ def render(
         f"{', '.join(ARMS)}. offline: `peer_offline.py` (the engine `moescope serve` runs, "
         f"with its flags, stepped on the main thread); loop: `peer_offline.py --via loop` "
         f"(an engine loop on its own thread, as the server's, requests submitted in process); "
-        f"serve: `moescope serve` driven by the peer benchmark's client (one async httpx "
-        f"client in this process). s in steps: the engine's time inside its steps.",
+        f"serve: `moescope serve` driven by the peer benchmark's client (one async aiohttp "
+        f"client in this process; client CPU s is its CPU). s in steps: the engine's time "
+        f"inside its steps.",
         "",
-        "| round | arm | wall s | out tok/s | CPU s | others' CPU s | steps, s in steps |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| round | arm | wall s | out tok/s | CPU s | client CPU s | others' CPU s | steps, s in "
+        "steps |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in runs:
         steps = f"{r.extra.get('steps', '-')}, {r.extra.get('busy_s', 0.0):.2f}"
+        client = f"{r.extra['client_cpu_s']:.2f}" if "client_cpu_s" in r.extra else "-"
         lines.append(
             f"| {r.extra['round']} | {r.engine} | {r.wall_s:.2f} | {r.tok_s:.1f} | "
-            f"{r.cpu_s:.1f} | {r.others_cpu_s:.1f} | {steps} |"
+            f"{r.cpu_s:.1f} | {client} | {r.others_cpu_s:.1f} | {steps} |"
         )
     medians = ", ".join(f"{a} {s[a]:.1f}" for a in ARMS)
     rounds_text = ", ".join(f"{x:.3f}" for x in per_round(runs, "serve", "offline"))
