@@ -14,7 +14,7 @@ from engine.errors import InvalidInput
 from engine.knobs import Knobs
 from tuning.autopilot_moves import moves
 from tuning.autopilot_settings import AutopilotSettings
-from tuning.load_shift import SHIFT_S, Arrival, Shift, shift
+from tuning.load_shift import SHIFT_S, Arrival, Shift, longer_since, shift
 from tuning.outcome import request_tpot_ms
 from tuning.tune import Trial, evaluate
 from tuning.whatif import Twin
@@ -132,7 +132,10 @@ class Autopilot:
         self.banned: dict[tuple[str, int], float] = {}
         self.last_moves: dict[str, tuple[int, float]] = {}  # knob -> (direction, t) of our last
         self.regime_t = float("-inf")  # when a shift in the load was last seen (tuning.load_shift)
+        self.regime: Shift | None = None  # that shift, with longer prompts named after it
+        self.regime_since = float("-inf")  # the arrivals it was told against began here
         self.shifted: Shift | None = None  # that shift, until a look has weighed it
+        self.shifted_t = float("-inf")  # when `shifted` last told something new
         # bumped by configure and a person's change, which may come while the twin runs
         self.generation = 0
 
@@ -196,9 +199,9 @@ class Autopilot:
                 return rollback
         if t - self.last_change_t < s.min_gap_s * self.backoff:
             return None
-        if self.shifted and self.last_look_t >= self.regime_t and t - self.last_look_t < s.look_s:
+        if self.shifted and self.last_look_t >= self.shifted_t and t - self.last_look_t < s.look_s:
             # a shift seen before the last look is kept only when the twin could not weigh it
-            # there: it is asked again every look_s, a new shift at once
+            # there: it is asked again every look_s, news of a shift at once
             return None
         shifted, self.shifted = self.shifted, None
         if now.requests < MIN_REQUESTS and not shifted:
@@ -229,10 +232,18 @@ class Autopilot:
 
     def _watch_load(self, t: float, arrivals: Sequence[Arrival]) -> None:
         """Note a shift in the arrivals against those of the last arrivals_s since the last
-        shift: a look weighs it at once, and the twin repeats only the arrivals since."""
-        seen = shift(arrivals, t, max(self.regime_t, t - SHIFT_S - self.settings.arrivals_s))
+        shift: a look weighs it at once, and the twin repeats only the arrivals since. For
+        arrivals_s after a shift, longer prompts it did not name are news too: the look they
+        bring weighs what they bring (the arrivals window still runs from the shift)."""
+        since = max(self.regime_t, t - SHIFT_S - self.settings.arrivals_s)
+        seen = shift(arrivals, t, since)
         if seen is not None:
-            self.regime_t, self.shifted = t, seen
+            self.regime_t, self.regime, self.regime_since = t, seen, since
+        elif self.regime is not None and t - self.regime_t < self.settings.arrivals_s:
+            seen = longer_since(arrivals, t, self.regime, self.regime_t, self.regime_since)
+            self.regime = seen or self.regime
+        if seen is not None:
+            self.shifted, self.shifted_t = seen, t
 
     def arrivals_window(self, t: float) -> float:
         """Seconds of recent arrivals the twin repeats: arrivals_s, or fewer after a shift:

@@ -50,13 +50,42 @@ def shift(arrivals: Sequence[Arrival], t: float, since: float) -> Shift | None:
         causes += MORE_ARRIVALS if rate_now > rate_before else ()
     # a rate that shifted is a shift already: then even one or two of the latest prompts
     # may say what it brings (one long prompt among short ones, alone, is no shift)
-    if len(before) >= MIN_ARRIVALS and len(latest) >= (1 if out else MIN_ARRIVALS):
-        mean_before, mean_now = statistics.fmean(before), statistics.fmean(latest)
-        error = statistics.stdev(before) / math.sqrt(len(latest))
-        if _apart(mean_now, mean_before) and abs(mean_now - mean_before) > SIGMAS * error:
-            out.append(f"mean prompt {mean_before:.0f} → {mean_now:.0f} tokens")
-            causes += LONGER_PROMPTS if mean_now > mean_before else ()
+    prompts = _prompts(before, latest, 1 if out else MIN_ARRIVALS)
+    if prompts is not None:
+        out.append(prompts.text)
+        causes += prompts.causes
     return Shift(", ".join(out), causes) if out else None
+
+
+def longer_since(
+    arrivals: Sequence[Arrival], t: float, seen: Shift, seen_t: float, since: float
+) -> Shift | None:
+    """`seen` (at `seen_t`, against the arrivals from `since`) with the longer prompts that
+    arrived after it, up to `t`, when it did not name them: a shift seen on the rate while
+    its SHIFT_S straddled the change mixed the old prompts with the new. None when `seen`
+    named them already or the prompts since are not clearly longer than those before it."""
+    if set(LONGER_PROMPTS) <= set(seen.causes):
+        return None
+    before = [p for a, p in arrivals if since <= a < seen_t - SHIFT_S]
+    after = [p for a, p in arrivals if seen_t < a <= t]
+    prompts = _prompts(before, after, 1)  # the shift is seen: one prompt may tell
+    if prompts is None or not prompts.causes:
+        return None
+    return Shift(f"{seen.text}, then {prompts.text}", seen.causes + prompts.causes)
+
+
+def _prompts(before: list[int], latest: list[int], need: int) -> Shift | None:
+    """The mean prompt length of `latest` against `before`'s, if clearly apart (SIGMAS of
+    `before`'s spread over `latest`'s count), with MIN_ARRIVALS of `before` and `need` of
+    `latest` at least."""
+    if len(before) < MIN_ARRIVALS or len(latest) < need:
+        return None
+    mean_before, mean_now = statistics.fmean(before), statistics.fmean(latest)
+    error = statistics.stdev(before) / math.sqrt(len(latest))
+    if not (_apart(mean_now, mean_before) and abs(mean_now - mean_before) > SIGMAS * error):
+        return None
+    causes = LONGER_PROMPTS if mean_now > mean_before else ()
+    return Shift(f"mean prompt {mean_before:.0f} → {mean_now:.0f} tokens", causes)
 
 
 def _apart(now: float, before: float) -> bool:

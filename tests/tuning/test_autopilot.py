@@ -470,6 +470,37 @@ def test_a_shift_to_long_prompts_weighs_a_smaller_chunk_first_once_the_twin_can(
     assert [a for a, _ in asked] == [first + 6 * k for k in range(5)]
 
 
+def test_longer_prompts_after_a_shift_seen_on_the_rate_are_looked_at_when_they_come() -> None:
+    """Eight short prompts a second until 100 s, then none until long ones, one a second, from
+    104.5 s: at 104 s the rate has fallen and no long prompt has come yet. That look has
+    nothing that hints at a smaller chunk and leaves it out; the long prompts that follow are
+    news of the same shift, looked at as soon as two have come, and a smaller chunk is
+    weighed first."""
+    short = [(60 + i / 8, 100 + 10 * (i % 5)) for i in range(320)]
+    long = [(104.5 + i, 1500) for i in range(20)]
+    asked: list[tuple[float, list[dict[str, Any]]]] = []
+    chunk = {"prefill_chunk_size": 256}
+
+    def twin(changes: list[dict[str, Any]], window_s: float, errors: float = 0.0) -> list[Trial]:
+        asked.append((t, changes[1:]))
+        return [Trial(c, {"tpot_p90_ms": 50.0}, 1.0, 0.9 if c == chunk else 0.5) for c in changes]
+
+    pilot = Autopilot(settings(ttft_p90_ms=1000, tpot_p90_ms=60))
+    decisions = {}
+    for t in range(90, 112, 2):
+        arrived = [a for a in short + long if a[0] <= t]
+        decision = pilot.tick(float(t), Knobs(), [], no_attribution, twin, (), arrived)
+        if decision is not None:
+            decisions[t] = decision
+    assert [a for a, _ in asked] == [104, 106, 106, 106]
+    assert chunk not in asked[0][1] and asked[1][1][0] == chunk
+    assert list(decisions) == [106] and decisions[106].changes == {"prefill_chunk_size": [512, 256]}
+    assert decisions[106].reason.startswith(
+        "load shifted: arrivals 8.0 → 1.6 req/s, then mean prompt 120 → 1500 tokens"
+    )
+    assert pilot.arrivals_window(106.0) == 7.0  # still the arrivals since the shift
+
+
 def test_a_persons_change_pauses_it_and_it_resumes_after() -> None:
     pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50, pause_s=30.0))
     knobs = Knobs(max_num_seqs=8)

@@ -2,7 +2,15 @@
 arrivals seeded, looked at every 2 s as the autopilot ticks."""
 
 from api.loadgen import parse_dist, poisson_arrivals
-from tuning.load_shift import LONGER_PROMPTS, MORE_ARRIVALS, SHIFT_S, Arrival, Shift, shift
+from tuning.load_shift import (
+    LONGER_PROMPTS,
+    MORE_ARRIVALS,
+    SHIFT_S,
+    Arrival,
+    Shift,
+    longer_since,
+    shift,
+)
 
 
 def poisson(rate: float, start: float, end: float, prompt: str, seed: int) -> list[Arrival]:
@@ -83,3 +91,19 @@ def test_prompts_too_few_to_show_a_shift_still_say_what_a_shift_in_the_rate_brin
     fell = shift(busy + [(12.0, 1500), (14.0, 1400)], 15.0, 0.0)
     assert fell is not None and fell.text.startswith("arrivals 8.0 → 0.4 req/s, mean prompt ")
     assert fell.causes == LONGER_PROMPTS
+
+
+def test_longer_prompts_after_a_shift_seen_on_the_rate_are_named_as_they_come() -> None:
+    """Eight short prompts a second until 10 s, then a pause: at 14 s the rate has fallen
+    and the latest 5 s hold only short prompts. The long prompts that come after it are
+    what that shift brings, named from the first; those that were already named, or that
+    are not longer, are not news."""
+    busy = [(t / 8, 100 + t % 50) for t in range(80)]
+    seen = shift(busy, 14.0, 0.0)
+    assert seen == Shift("arrivals 8.0 → 1.6 req/s", ())
+    assert longer_since(busy, 15.0, seen, 14.0, 0.0) is None  # nothing since
+    named = longer_since(busy + [(14.5, 1400)], 15.0, seen, 14.0, 0.0)
+    assert named is not None and named.causes == LONGER_PROMPTS
+    assert named.text.startswith("arrivals 8.0 → 1.6 req/s, then mean prompt ")
+    assert longer_since(busy + [(14.5, 1400)], 15.0, named, 14.0, 0.0) is None
+    assert longer_since(busy + [(14.5, 10)], 15.0, seen, 14.0, 0.0) is None  # shorter
