@@ -23,6 +23,7 @@ from api.analysis import Analysis
 from api.auth import GuardMiddleware
 from api.autopilot_runner import AutopilotRunner
 from api.errors import install_error_handlers
+from api.fit_seed import seed
 from api.live_window import LiveWindow
 from api.metrics import Metrics
 from api.scorecard import Scorecard
@@ -39,11 +40,20 @@ def create_app(engine_loop: EngineLoop, settings: ServerSettings | None = None) 
     """Routes, auth, metrics and the session recorder around `engine_loop` (started here if needed).
 
     The caller owns the loop and stops it after the server is done. Opening the database
-    raises storage.StorageError (IncompatibleSchema for another schema version).
+    raises storage.StorageError (IncompatibleSchema for another schema version); seeding the
+    live twin (`settings.fit_from`) SessionNotFound or InvalidInput.
     """
     settings = settings or ServerSettings()
     store, recorder = open_storage(engine_loop, settings)
     window = LiveWindow(engine_loop, keep_s=max(ARRIVAL_WINDOW_S, settings.whatif_horizon_s) + 10)
+    fit_from = None
+    if settings.fit_from is not None:
+        try:
+            fit_from = seed(window, store, settings.fit_from, engine_loop)
+        except BaseException:
+            if store is not None:
+                store.close()
+            raise
     # the server's simulations, off its GIL; the modules of the functions it runs
     analysis = Analysis(preload=("api.twins", "api.autopilot_runner"))
     twins = Twins(engine_loop, window, store, analysis)
@@ -88,6 +98,7 @@ def create_app(engine_loop: EngineLoop, settings: ServerSettings | None = None) 
     app.state.rerun = None
     app.state.twins = twins
     app.state.window = window
+    app.state.fit_from = fit_from
     app.state.scorecard = scorecard
     app.state.autopilot = pilot
     install_error_handlers(app)

@@ -8,6 +8,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import uvicorn
@@ -32,10 +33,11 @@ from api.whatif_cli import add_whatif_commands
 from dashboard.__main__ import main as dashboard_main
 from engine import LLM, SamplingParams
 from engine.ep.ranks import serve_rank, torchrun_rank
+from engine.errors import InvalidInput
 from engine.model.tokenizer import NoTokenizer
 from engine.outputs import RequestOutput
 from stats import summary
-from storage import StorageError
+from storage import SessionNotFound, StorageError
 from tuning.autopilot_settings import AutopilotSettings
 
 ENGINE_ERRORS = (ValueError, RuntimeError)
@@ -148,6 +150,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         record_buffer=args.record_buffer,
         whatif_horizon_s=args.whatif_horizon,
         autopilot=args.autopilot or AutopilotSettings(),
+        fit_from=args.fit_from,
     )
     if args.host not in ("127.0.0.1", "localhost", "::1") and settings.api_key is None:
         print(f"warning: serving on {args.host} without an API key", file=sys.stderr)
@@ -172,13 +175,17 @@ def cmd_serve(args: argparse.Namespace) -> None:
         return
     with failing_as("serve", *ENGINE_ERRORS):
         engine_loop = build_loop(args.model, **engine_args)
-    with failing_as("serve", StorageError):
-        app = create_app(engine_loop, settings)
+    with failing_as("serve", StorageError, SessionNotFound, InvalidInput):
+        try:
+            app = create_app(engine_loop, settings)
+        except BaseException:
+            engine_loop.stop()
+            raise
     recording = "off" if args.no_record else app.state.store.display_url
     print(
         f"moescope: serving {settings.model_name} on http://{args.host}:{args.port} "
         f"(telemetry ws://{args.host}:{args.port}/ws/telemetry; session "
-        f"{engine_loop.engine.session}, recording {recording})",
+        f"{engine_loop.engine.session}, recording {recording}{_seeded(app.state.fit_from)})",
         file=sys.stderr,
         flush=True,
     )
@@ -186,6 +193,12 @@ def cmd_serve(args: argparse.Namespace) -> None:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     finally:
         engine_loop.stop()
+
+
+def _seeded(fit_from: dict[str, Any] | None) -> str:
+    if fit_from is None:
+        return ""
+    return f"; twin fitted from {fit_from['rows']} steps of session {fit_from['session']}"
 
 
 def cmd_load(args: argparse.Namespace) -> None:
@@ -255,6 +268,13 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         metavar="TARGETS",
         help="hold SLO targets by retuning knobs live, e.g. ttft_p90_ms=800,tpot_p90_ms=60 "
         "(any GET/PUT /api/autopilot setting may be given)",
+    )
+    p.add_argument(
+        "--fit-from",
+        default=None,
+        metavar="SESSION",
+        help="seed the live twin's cost model with the steps of a session in --db recorded "
+        "by this engine on this machine, so it predicts shapes this run has not shown yet",
     )
     p.add_argument("--log-level", type=str.lower, default="warning", choices=list(LOG_LEVELS))
     ep = p.add_mutually_exclusive_group()

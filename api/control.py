@@ -78,6 +78,7 @@ async def status(request: Request) -> dict[str, Any]:
         },
         "metrics": request.app.state.metrics is not None,
         "recorder": recorder.stats() if recorder is not None else {"recording": False},
+        "fit_from": request.app.state.fit_from,
         **engine_loop.summary(),
     }
 

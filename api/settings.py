@@ -16,6 +16,7 @@ class ServerSettings:
     on, buffering up to `record_buffer` steps while the database is slow or gone.
     `whatif_horizon_s` is how long after an applied knob change the scorecard observes it.
     `autopilot` is the SLO autopilot's settings at start (off unless enabled).
+    `fit_from` is a recorded session of this engine whose steps seed the live twin's cost model.
     """
 
     model_name: str = "synthetic:tiny"
@@ -34,6 +35,7 @@ class ServerSettings:
     db_timeout_s: float = 5.0
     whatif_horizon_s: float = 60.0
     autopilot: AutopilotSettings = field(default_factory=AutopilotSettings)
+    fit_from: str | None = None
 
     @classmethod
     def from_env(cls, **overrides: object) -> "ServerSettings":

@@ -7,7 +7,9 @@ long prompts, low again (Poisson arrivals, seeded). Three kinds of run replay it
 - static: the best static setting, found by `tuning.tune` in the twin of the first defaults
   run (a grid over max_num_seqs, max_num_batched_tokens and prefill_chunk_size, scored by SLO
   attainment), then run for real;
-- autopilot: the defaults with `--autopilot` holding the targets.
+- autopilot: the defaults with `--autopilot` holding the targets, its twin fitted from the
+  start on the first defaults run's steps (`--fit-from`, as a server that has run this load
+  before; `--no-fit-from` for its own steps only).
 Per run and phase, from the recorded requests (by arrival): SLO attainment (both p90
 targets met by a request: TTFT and TPOT within them), goodput, p90 TTFT and TPOT; from the
 recorded knob changes, the autopilot's changes, how long after each phase change it kept
@@ -124,11 +126,15 @@ def run(
     trace: list[Arrival],
     kind: str,
     knobs: dict[str, Any],
+    fit_from: str | None,
 ) -> dict[str, Any]:
     """Replay `trace` on a fresh server with `knobs` (PATCHed before any load) and, for the
-    autopilot, `--autopilot`; what it measured."""
+    autopilot, `--autopilot` (and `--fit-from` session `fit_from`); what it measured."""
     slo = f"ttft_p90_ms={args.ttft_ms},tpot_p90_ms={args.tpot_ms}"
-    extra = ["--autopilot", slo + args.autopilot_extra] if kind == "autopilot" else []
+    extra = []
+    if kind == "autopilot":
+        extra = ["--autopilot", slo + args.autopilot_extra]
+        extra += ["--fit-from", fit_from] if fit_from and args.fit_from else []
     with serving(args, db, extra) as client:
         if knobs:
             client.patch(
@@ -326,6 +332,14 @@ def render(args: argparse.Namespace, argv: list[str], out: dict[str, Any], total
         "it when its TTFT and TPOT are within both.",
         f"- Best static setting (the twin of the first defaults run, {args.trials} grid points "
         f"over {', '.join(SEARCHED)}): `{out['static']}`.",
+        "- Autopilot: `--autopilot "
+        f"ttft_p90_ms={args.ttft_ms:g},tpot_p90_ms={args.tpot_ms:g}{args.autopilot_extra}`"
+        + (
+            ", its twin fitted from the start on the first defaults run's steps (`--fit-from`), "
+            "as a server that has run this load before."
+            if args.fit_from
+            else ", its twin fitted on its own steps only (`--no-fit-from`)."
+        ),
         "",
         "| run | attainment % | goodput req/s | p90 TTFT ms | p90 TPOT ms | "
         + " | ".join(f"{p}: attainment %" for p in PHASES)
@@ -392,6 +406,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--autopilot-extra", default="", help="more --autopilot settings, e.g. ',look_s=2'"
     )
+    p.add_argument(
+        "--no-fit-from",
+        dest="fit_from",
+        action="store_false",
+        help="fit the autopilot's twin on its own steps only, not from the first defaults run",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="synthetic:tiny, 3 s phases, one repeat")
     add_results_arguments(p)
@@ -425,12 +445,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         store = Store(db)
         try:
             static: dict[str, Any] | None = None
+            first: str | None = None  # the first defaults run's session
             for rep in range(args.repeats):
                 kinds = ["defaults", "static", "autopilot"]
                 kinds = kinds[rep % 3 :] + kinds[: rep % 3] if static is not None else kinds
                 for kind in kinds:
                     knobs = static if kind == "static" and static is not None else {}
-                    r = run(args, store, db, trace, kind, knobs)
+                    r = run(args, store, db, trace, kind, knobs, first)
                     runs.append(r)
                     print(
                         f"{kind}: attainment {r['attainment']}, autopilot CPU "
@@ -439,7 +460,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         flush=True,
                     )
                     if kind == "defaults" and static is None:
-                        static = search_static(store, r["session"], args)
+                        first = r["session"]
+                        static = search_static(store, first, args)
                         print(f"best static: {static}", file=sys.stderr, flush=True)
         finally:
             store.close()

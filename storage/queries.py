@@ -1,6 +1,6 @@
 """Reading sessions back: lists, summaries, steps in a range, knob changes, requests; edits."""
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from sqlalchemy import Row, delete, func, select, update
@@ -167,17 +167,25 @@ def steps(
         return list(conn.execute(query.order_by(StepRow.step).limit(limit)).scalars())
 
 
+def iter_steps(
+    store: Store, session_id: str, t0: float | None = None, t1: float | None = None
+) -> Iterator[dict[str, Any]]:
+    """Every telemetry record of a session (with t0 <= t <= t1, either open) in step order,
+    read a page at a time (memory holds one page)."""
+    start = None
+    while True:
+        page = steps(store, session_id, start, t0=t0, t1=t1)
+        yield from page
+        if len(page) < MAX_STEPS_PER_QUERY:
+            return
+        start = page[-1]["step"] + 1
+
+
 def all_steps(
     store: Store, session_id: str, t0: float | None = None, t1: float | None = None
 ) -> list[dict[str, Any]]:
-    """Every telemetry record of a session (with t0 <= t <= t1, either open) in step order,
-    read a page at a time."""
-    out: list[dict[str, Any]] = []
-    while True:
-        page = steps(store, session_id, out[-1]["step"] + 1 if out else None, t0=t0, t1=t1)
-        out += page
-        if len(page) < MAX_STEPS_PER_QUERY:
-            return out
+    """`iter_steps` as a list."""
+    return list(iter_steps(store, session_id, t0, t1))
 
 
 def recording(

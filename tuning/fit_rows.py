@@ -37,8 +37,16 @@ class FitRows:
         self.knobs = knobs_after(self.knobs, step)
         row = None if self.prev is None else training_row(self.prev, step, self.knobs)
         self.prev = step
-        if row is None:
-            return
+        if row is not None:
+            self._keep(row)
+
+    def seed(self, rows: list[np.ndarray]) -> None:
+        """Take `rows` (another FitRows' `rows()`: an earlier run of this engine) as if they were
+        this one's first, so that its own steps supersede them as they come."""
+        for row in rows:
+            self._keep(row)
+
+    def _keep(self, row: np.ndarray) -> None:
         self.recent.append(row)
         if len(self.recent) > RECENT:
             self._keep_older(self.recent.popleft())

@@ -86,7 +86,8 @@ def refuse_outside(result: SimResult) -> None:
         raise InvalidInput(
             f"not enough steps like this: {result.outside_steps} of {result.num_steps} "
             f"simulated steps lie far beyond the recorded ones (most often in {worst}); "
-            "record a session that runs such batches first",
+            "record a session that runs such batches first (`moescope serve --fit-from "
+            "SESSION` fits the live twin on its steps from the start)",
             "knobs",
         )
 

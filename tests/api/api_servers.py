@@ -18,6 +18,7 @@ from api.telemetry_fanout import ClientQueue
 from engine import SamplingParams
 from engine.loop import EngineLoop
 from engine.outputs import RequestOutput
+from storage import Recorder
 
 MODEL = "synthetic:tiny"
 KV_BLOCKS = 256
@@ -157,3 +158,19 @@ def traffic(
             ids.append(loop.submit([256, *range(1 + i, prompt_len + i)], params, done))
             submitted.unfinished.add(ids[-1])
     return ids
+
+
+def recorded_session(url: str, requests: int, max_tokens: int, prompt_len: int = 24) -> str:
+    """Run a server recording into database `url` through `requests` requests (`traffic`),
+    wait until every step is written, and stop it; its session."""
+    served = serve(ServerSettings(model_name=MODEL, db_url=url))
+    try:
+        traffic(served.loop, requests, max_tokens, prompt_len)
+        wait_idle(served.loop)
+        rec: Recorder = served.app.state.recorder
+        wait_for(
+            lambda: rec.flush() and rec.written_steps == served.loop.steps, what="the recording"
+        )
+        return served.loop.engine.session
+    finally:
+        stop(served)

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from api_servers import MODEL, Served, serve, stop, wait_for, wait_idle
+from api_servers import MODEL, Served, recorded_session, serve, stop, wait_for, wait_idle
 
 import stats
 from api.cli import main
@@ -18,7 +18,7 @@ from api.settings import ServerSettings
 from engine import SamplingParams
 from engine.loop import EngineLoop
 from engine.outputs import RequestOutput
-from storage import Recorder, Store
+from storage import Store
 from storage import queries as q
 from storage import scorecard as db_scorecard
 from tuning.cost_model import MIN_STEPS
@@ -78,29 +78,11 @@ def finish(futures: list["Future[RequestOutput]"]) -> list[RequestOutput]:
     return [f.result(timeout=120) for f in futures]
 
 
-def _recorder(served: Served) -> Recorder:
-    return served.server.server.config.app.state.recorder
-
-
-def _record(url: str, requests: int, max_tokens: int) -> str:
-    """Run a server on `url` through one load and stop it; its session."""
-    served = serve(ServerSettings(model_name=MODEL, db_url=url))
-    try:
-        finish(submit(served.loop, requests, max_tokens))
-        rec = _recorder(served)
-        wait_for(
-            lambda: rec.flush() and rec.written_steps == served.loop.steps, what="the recording"
-        )
-        return served.loop.engine.session
-    finally:
-        stop(served)
-
-
 @pytest.fixture(scope="module")
 def dbs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Databases]:
     url = f"sqlite:///{tmp_path_factory.mktemp('whatif') / 'moescope.db'}"
-    short = _record(url, 2, 3)
-    recorded = _record(url, RECORDED, 20)
+    short = recorded_session(url, 2, 3)
+    recorded = recorded_session(url, RECORDED, 20)
     live = serve(ServerSettings(model_name=MODEL, db_url=url, whatif_horizon_s=HORIZON_S))
     yield Databases(url, short, recorded, live)
     stop(live)

@@ -75,6 +75,28 @@ def test_a_prefill_long_gone_from_the_recent_steps_is_still_predicted(
     assert recent.step_ms(long_chunk) < 0.5 * truth
 
 
+def test_seeded_rows_predict_a_shape_until_this_runs_own_steps_replace_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(tuning.fit_rows, "RECENT", 300)
+    prefills = [(p, d) for p in (64, 256, 1024) for d in range(1, 40, 3)]
+    earlier = FitRows({})
+    for s in session(prefills * 4):
+        earlier.add(s)
+    rows = FitRows({})
+    rows.seed(earlier.rows())
+    for s in session([(0, 1 + i % 40) for i in range(100)]):
+        rows.add(s)
+    long_chunk = recorded_features(step(0, 0.0, 1024, 8), None)
+    truth = _cost(TRUE_STEP, long_chunk)
+    assert fit_rows(stack(rows.rows())).step_ms(long_chunk) == pytest.approx(truth, rel=0.02)
+    # this run's own steps of those shapes, twice as slow, supersede the earlier run's
+    for s in session(prefills * 40):
+        s["dur_ms"] = {k: 2 * v for k, v in s["dur_ms"].items()}
+        rows.add(s)
+    assert fit_rows(stack(rows.rows())).step_ms(long_chunk) == pytest.approx(2 * truth, rel=0.02)
+
+
 def test_memory_is_bounded_by_shape(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tuning.fit_rows, "RECENT", 50)
     monkeypatch.setattr(tuning.fit_rows, "MAX_SHAPES", 3)
