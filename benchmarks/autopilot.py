@@ -9,7 +9,8 @@ long prompts, low again (Poisson arrivals, seeded). Three kinds of run replay it
   attainment), then run for real;
 - autopilot: the defaults with `--autopilot` holding the targets, its twin fitted from the
   start on the first defaults run's steps (`--fit-from`, as a server that has run this load
-  before; `--no-fit-from` for its own steps only).
+  before);
+- autopilot cold: the same with its twin fitted on its own steps only.
 Per run and phase, from the recorded requests (by arrival): SLO attainment (both p90
 targets met by a request: TTFT and TPOT within them), goodput, p90 TTFT and TPOT; from the
 recorded knob changes, the autopilot's changes, how long after each phase change it kept
@@ -52,6 +53,8 @@ from tuning.tune import best, candidates, evaluate
 from tuning.whatif import twin_from_recording
 
 SECTION = "autopilot"
+KINDS = ("defaults", "static", "autopilot", "autopilot cold")
+PILOTS = KINDS[2:]
 PHASES = ("low", "burst 3x", "long prompts", "low again")
 SETTLE_S = 10.0  # the autopilot should stop changing knobs this soon after a phase change
 WATCH_S = 1.0  # how often a run polls the autopilot's state and note
@@ -132,18 +135,19 @@ def run(
     autopilot, `--autopilot` (and `--fit-from` session `fit_from`); what it measured."""
     slo = f"ttft_p90_ms={args.ttft_ms},tpot_p90_ms={args.tpot_ms}"
     extra = []
-    if kind == "autopilot":
+    if kind in PILOTS:
         extra = ["--autopilot", slo + args.autopilot_extra]
-        extra += ["--fit-from", fit_from] if fit_from and args.fit_from else []
+        extra += ["--fit-from", fit_from] if fit_from and kind == "autopilot" else []
     with serving(args, db, extra) as client:
         if knobs:
             client.patch(
                 "/api/knobs", json=knobs, params={"origin": "benchmark"}
             ).raise_for_status()
         started = time.time()
-        with watched(str(client.base_url), started, kind == "autopilot") as notes:
+        with watched(str(client.base_url), started, kind in PILOTS) as notes:
             summary = asyncio.run(run_load(str(client.base_url), trace, seed=args.seed))
         pilot = client.get("/api/autopilot", params={"history": 0}).json()
+        seeded = client.get("/api/status").json()["fit_from"]
         session = wait_recorded(client, summary["ok"])
     records = q.requests(store, session)
     steps = q.steps(store, session, limit=1_000_000)
@@ -160,6 +164,7 @@ def run(
             {"t": c["t"] - started, "changes": c["changes"], "reason": c["reason"]} for c in changes
         ],
         "cpu_share": 100 * pilot["cpu_s"] / engine_s if engine_s else 0.0,
+        "fit_from": seeded,
         "notes": notes,
         "records": records,
     }
@@ -288,7 +293,7 @@ def spread(values: list[float]) -> str:
 
 
 def summarize(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
-    by = {k: [r for r in runs if r["kind"] == k] for k in ("defaults", "static", "autopilot")}
+    by = {k: [r for r in runs if r["kind"] == k] for k in KINDS}
     med = {k: statistics.median(r["attainment"] or 0.0 for r in v) for k, v in by.items()}
     settles = [settling(r, args) for r in by["autopilot"]]
     values = {
@@ -300,6 +305,10 @@ def summarize(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
     }
     return {
         "median_attainment": med,
+        "long_phase": {
+            k: statistics.median(r["phases"][2]["attainment"] or 0.0 for r in v)
+            for k, v in by.items()
+        },
         "values": values,
         "met": {k: TARGETS[k].met(v) for k, v in values.items()},
     }
@@ -334,19 +343,16 @@ def render(args: argparse.Namespace, argv: list[str], out: dict[str, Any], total
         f"over {', '.join(SEARCHED)}): `{out['static']}`.",
         "- Autopilot: `--autopilot "
         f"ttft_p90_ms={args.ttft_ms:g},tpot_p90_ms={args.tpot_ms:g}{args.autopilot_extra}`"
-        + (
-            ", its twin fitted from the start on the first defaults run's steps (`--fit-from`), "
-            "as a server that has run this load before."
-            if args.fit_from
-            else ", its twin fitted on its own steps only (`--no-fit-from`)."
-        ),
+        + ": `autopilot` with its twin fitted from the start on the first defaults run's steps "
+        "(`--fit-from`), as a server that has run this load before; `autopilot cold` on its "
+        "own steps only. The targets are scored on `autopilot`.",
         "",
         "| run | attainment % | goodput req/s | p90 TTFT ms | p90 TPOT ms | "
         + " | ".join(f"{p}: attainment %" for p in PHASES)
         + " | autopilot changes |",
         "| --- " * (6 + len(PHASES)) + "|",
     ]
-    for kind in ("defaults", "static", "autopilot"):
+    for kind in KINDS:
         rs = [r for r in out["runs"] if r["kind"] == kind]
         cells = [
             spread([r[m] or 0.0 for r in rs])
@@ -355,20 +361,15 @@ def render(args: argparse.Namespace, argv: list[str], out: dict[str, Any], total
         cells += [spread([r["phases"][i]["attainment"] or 0.0 for r in rs]) for i in range(4)]
         cells.append(spread([float(len(r["changes"])) for r in rs]))
         lines.append(f"| {kind} | " + " | ".join(cells) + " |")
-    lines += ["", "The autopilot's changes, seconds from the start, with its reasons:", ""]
-    pilots = [r for r in out["runs"] if r["kind"] == "autopilot"]
-    for i, r in enumerate(pilots, 1):
-        lines.append(f"- run {i}:" + ("" if r["changes"] else " none"))
-        lines += [f"  - {c['t']:.1f} s: {c['changes']}: {c['reason']}" for c in r["changes"]]
+    whole, long = out["summary"]["median_attainment"], out["summary"]["long_phase"]
     lines += [
         "",
-        f"What it last said in each phase (`GET /api/autopilot` every {WATCH_S:g} s), with how "
-        "many times its state or note changed there (new notes):",
-        "",
+        "Fitted from the start against cold, side by side (medians): whole trace "
+        f"{whole['autopilot'] - whole['autopilot cold']:+.1f} points, long-prompt phase "
+        f"{long['autopilot'] - long['autopilot cold']:+.1f} points.",
     ]
-    for i, r in enumerate(pilots, 1):
-        lines.append(f"- run {i}:")
-        lines += [f"  - {line}" for line in last_notes(r["notes"], args)]
+    for kind in PILOTS:
+        lines += pilot_lines(kind, [r for r in out["runs"] if r["kind"] == kind], args)
     v = out["summary"]["values"]
     lines += [
         "",
@@ -381,6 +382,24 @@ def render(args: argparse.Namespace, argv: list[str], out: dict[str, Any], total
         TARGETS["cpu"].line(v["cpu"], f"{v['cpu']:.2f}%"),
     ]
     return "\n".join(lines)
+
+
+def pilot_lines(kind: str, pilots: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
+    """The changes of each run of `kind`, with their reasons, and what it said per phase."""
+    lines = ["", f"`{kind}`: its changes, seconds from the start, with its reasons:", ""]
+    for i, r in enumerate(pilots, 1):
+        lines.append(f"- run {i}:" + ("" if r["changes"] else " none"))
+        lines += [f"  - {c['t']:.1f} s: {c['changes']}: {c['reason']}" for c in r["changes"]]
+    lines += [
+        "",
+        f"`{kind}`: what it last said in each phase (`GET /api/autopilot` every {WATCH_S:g} s), "
+        "with how many times its state or note changed there (new notes):",
+        "",
+    ]
+    for i, r in enumerate(pilots, 1):
+        lines.append(f"- run {i}:")
+        lines += [f"  - {line}" for line in last_notes(r["notes"], args)]
+    return lines
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -405,12 +424,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--trials", type=int, default=24, help="grid points the static search runs")
     p.add_argument(
         "--autopilot-extra", default="", help="more --autopilot settings, e.g. ',look_s=2'"
-    )
-    p.add_argument(
-        "--no-fit-from",
-        dest="fit_from",
-        action="store_false",
-        help="fit the autopilot's twin on its own steps only, not from the first defaults run",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="synthetic:tiny, 3 s phases, one repeat")
@@ -447,8 +460,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             static: dict[str, Any] | None = None
             first: str | None = None  # the first defaults run's session
             for rep in range(args.repeats):
-                kinds = ["defaults", "static", "autopilot"]
-                kinds = kinds[rep % 3 :] + kinds[: rep % 3] if static is not None else kinds
+                turn = rep % len(KINDS)
+                kinds = list(KINDS[turn:] + KINDS[:turn]) if static is not None else list(KINDS)
                 for kind in kinds:
                     knobs = static if kind == "static" and static is not None else {}
                     r = run(args, store, db, trace, kind, knobs, first)

@@ -6,14 +6,14 @@ import autopilot as bench  # benchmarks/ is on pytest's pythonpath
 import pytest
 from results_md import markers
 
-pytestmark = pytest.mark.slow  # three real servers replay a 12 s trace
+pytestmark = pytest.mark.slow  # four real servers replay a 12 s trace
 
 
 def test_quick_run_scores_every_kind_of_run(tmp_path: Path) -> None:
     results = tmp_path / "RESULTS.md"
     out = bench.main(["--quick", "--results", str(results)])
     kinds = [r["kind"] for r in out["runs"]]
-    assert kinds == ["defaults", "static", "autopilot"]
+    assert kinds == list(bench.KINDS)
     for r in out["runs"]:
         assert r["errors"] == 0 and r["requests"] == out["requests"]
         assert sum(p["requests"] for p in r["phases"]) == out["requests"]
@@ -23,8 +23,11 @@ def test_quick_run_scores_every_kind_of_run(tmp_path: Path) -> None:
     assert all(text.count(m) == 1 for m in markers(bench.SECTION))
     assert text.count("[met]") + text.count("[MISSED]") == len(bench.TARGETS)
     assert "- run 1:" in text  # the autopilot's changes, each with its reason
-    pilot = out["runs"][-1]
-    assert pilot["notes"] and all(n["state"] != "off" for n in pilot["notes"])
+    fitted, cold = out["runs"][2:]
+    assert fitted["fit_from"]["session"] == out["runs"][0]["session"]
+    assert cold["fit_from"] is None
+    for pilot in out["runs"][2:]:
+        assert pilot["notes"] and all(n["state"] != "off" for n in pilot["notes"])
     assert all(f"  - {phase} (" in text for phase in bench.PHASES)  # what it said, per phase
 
 
