@@ -1,7 +1,7 @@
 """SLO autopilot: attainment on a phased load against the defaults and the best static setting.
 
 One arrival trace in four phases of `--phase-s` seconds each: steady low load, a burst at 3x,
-long prompts, low again (Poisson arrivals, seeded). Three kinds of run replay it on a fresh
+long prompts, low again (Poisson arrivals, seeded). Four kinds of run replay it on a fresh
 `moescope serve` each (recording into a temporary SQLite file), interleaved and repeated:
 - defaults: the engine's default knobs;
 - static: the best static setting, found by `tuning.tune` in the twin of the first defaults
