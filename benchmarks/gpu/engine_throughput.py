@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             f"{r['decode_forward_ms']:.2f} ms",
             flush=True,
         )
-    save(args.json, rows)
+        save(args.json, rows)
     return rows
 
 

@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             for n in counts:
                 rows.append(measure(shape, phase, n, device))
                 print(describe(rows[-1], roof), flush=True)
-    save(args.json, rows)
+                save(args.json, rows)
     return rows
 
 

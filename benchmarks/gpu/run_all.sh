@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU measurements in one call (a few minutes on an H200), from the repository root:
+# GPU measurements in one call (297 s on an H200, 2026-12-04), from the repository root:
 #
 #   bash benchmarks/gpu/run_all.sh             # on a CUDA machine; results go to $OUT
 #   DRY_RUN=1 bash benchmarks/gpu/run_all.sh   # anywhere: tiny shapes on the CPU
@@ -7,7 +7,9 @@
 # Steps: the kernel tests on the GPU; a quick autotune of the benchmark shapes into
 # kernels/configs/grouped_gemm.json; copy bandwidth and bf16 matmul rate; our grouped GEMM
 # against torch grouped_mm and a per-expert loop; the offline engine on a larger synthetic
-# model per backend; then one table (printed, and written to $OUT/gpu_results.md).
+# model per backend; then one table (printed, and written to $OUT/gpu_results.md). Each step
+# has a time limit, so that one that hangs leaves the others their time (about 9 minutes in
+# all); the benchmarks write their JSON after each row, so a step cut short keeps its rows.
 #
 # The engine needs pydantic, which the GPU image lacks: put its wheels in .whl/ (ignored by
 # git) and carry .whl; they are installed into /tmp/site here. To fetch them (Python 3.12):
@@ -17,6 +19,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
 PY=${PY:-python3}
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if [ -z "${DRY_RUN:-}" ] && compgen -G ".whl/*.whl" >/dev/null; then
@@ -26,12 +29,13 @@ fi
 DRY=()
 if [ -n "${DRY_RUN:-}" ]; then DRY=(--dry-run); fi
 status=0
-step() {  # step LOG CMD...: run CMD, append its output to $OUT/LOG, remember a failure
-    local log=$1
-    shift
+step() {  # step LOG SECONDS CMD...: run CMD for at most SECONDS, log to $OUT/LOG, note a failure
+    local log=$1 limit=$2
+    shift 2
     echo "== $*" | tee -a "$OUT/$log"
-    "$@" 2>&1 | tee -a "$OUT/$log"
+    timeout -k 10 "$limit" "$@" 2>&1 | tee -a "$OUT/$log"
     local rc=${PIPESTATUS[0]}
+    if [ "$rc" = 124 ]; then rc="124, over $limit s"; fi
     if [ "$rc" != 0 ]; then echo "!! failed ($rc): $*"; status=1; fi
 }
 
@@ -40,18 +44,18 @@ $PY -c 'import torch, triton; print("torch", torch.__version__, "triton", triton
         "cuda", torch.cuda.is_available() and torch.cuda.get_device_name())'
 if [ -z "${DRY_RUN:-}" ]; then
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
-    step tests.log $PY -m pytest -q -ra -p no:cacheprovider tests/kernels
+    step tests.log 110 $PY -m pytest -q -ra -p no:cacheprovider tests/kernels
     for shape in "8 4096 14336 2" "128 2048 768 8"; do
         read -r e h i k <<<"$shape"
-        step autotune.log $PY -m kernels.autotune --experts "$e" --hidden "$h" --inter "$i" \
+        step autotune.log 80 $PY -m kernels.autotune --experts "$e" --hidden "$h" --inter "$i" \
             --top-k "$k" --tokens 16 4096 --quick
     done
     cp kernels/configs/grouped_gemm.json "$OUT/"
 fi
-step bench.log $PY benchmarks/gpu/roofline.py "${DRY[@]}" --json "$OUT/roofline.json"
-step bench.log $PY benchmarks/gpu/moe_kernels.py "${DRY[@]}" --roofline "$OUT/roofline.json" \
+step bench.log 30 $PY benchmarks/gpu/roofline.py "${DRY[@]}" --json "$OUT/roofline.json"
+step bench.log 110 $PY benchmarks/gpu/moe_kernels.py "${DRY[@]}" --roofline "$OUT/roofline.json" \
     --json "$OUT/moe.json"
-step bench.log $PY benchmarks/gpu/engine_throughput.py "${DRY[@]}" --json "$OUT/engine.json"
-step bench.log $PY benchmarks/gpu/report.py --roofline "$OUT/roofline.json" \
+step bench.log 140 $PY benchmarks/gpu/engine_throughput.py "${DRY[@]}" --json "$OUT/engine.json"
+step bench.log 20 $PY benchmarks/gpu/report.py --roofline "$OUT/roofline.json" \
     --moe "$OUT/moe.json" --engine "$OUT/engine.json" --out "$OUT/gpu_results.md"
 exit $status

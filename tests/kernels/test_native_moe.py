@@ -7,12 +7,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernel_inputs import nonzero_randn, rel_err
+from kernel_inputs import DEVICE, nonzero_randn, rel_err
 from test_grouped_gemm import SHAPES, case, reference
 
 from kernels import moe_backend, moe_experts, native_moe
 
-pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="x86 CPU")
+pytestmark = [
+    pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="x86 CPU"),
+    pytest.mark.skipif(DEVICE.type == "cuda", reason="the native kernel is the CPU's"),
+]
 
 
 @pytest.fixture
