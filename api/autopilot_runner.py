@@ -27,6 +27,7 @@ from engine.queue_snapshot import QueueSnapshot
 from tuning.autopilot import Autopilot, Decision, Evaluate, trials_while_room
 from tuning.autopilot_settings import AutopilotSettings
 from tuning.cost_model import Rows, stack
+from tuning.experts import Routing, stacked
 from tuning.live import arrival_window, twin_from_live
 from tuning.tune import Trial
 
@@ -101,7 +102,7 @@ class AutopilotRunner:
         """One look: the decision applied (or refused), or None when it held."""
         self.window.drain()
         view = self.window.attribution_view()
-        steps = list(self.window.steps)
+        routed = (list(self.window.routed), self.window.top_k)
         rows = self.window.fit_rows.rows()
         try:
             # the twin runs under the knobs in force: no earlier change need come with them
@@ -112,7 +113,7 @@ class AutopilotRunner:
         config = engine_description(self.engine_loop)
         started = self.window.started_t
         decision = await asyncio.get_running_loop().run_in_executor(
-            self._executor, self._decide, view, steps, rows, snapshot, config, started
+            self._executor, self._decide, view, routed, rows, snapshot, config, started
         )
         if decision is not None:
             await self._apply(decision)
@@ -121,7 +122,7 @@ class AutopilotRunner:
     def _decide(
         self,
         view: AttributionView,
-        steps: list[dict[str, Any]],
+        routed: tuple[list[np.ndarray], int],
         rows: list[np.ndarray],
         snapshot: QueueSnapshot,
         config: dict[str, Any],
@@ -133,9 +134,9 @@ class AutopilotRunner:
             s = self.settings
             young = arrival_window(snapshot.t - started_t)
 
-            @functools.cache
-            def stacked() -> Rows:  # once a tick, and only on a tick that asks the twin
-                return stack(rows)
+            @functools.cache  # once a tick, and only on a tick that asks the twin
+            def inputs() -> tuple[Routing, Rows]:
+                return stacked(*routed), stack(rows)
 
             def twin_trials(
                 changes: list[dict[str, Any]], window_s: float, errors: float = 0.0
@@ -145,7 +146,7 @@ class AutopilotRunner:
                 window = min(window_s, young)
                 rec = view.records
                 payload = pickle.dumps(
-                    (config, steps, stacked(), rec, snapshot, window, s, changes, errors)
+                    (config, *inputs(), rec, snapshot, window, s, changes, errors)
                 )
                 trials, cpu_s = self._analysis.submit(live_trials, payload).result()
                 self.cpu_s += cpu_s
@@ -207,10 +208,10 @@ def live_trials(payload: bytes) -> tuple[list[Trial], float]:
     (pickled arguments of `twin_trials`), and the CPU seconds they took, unpickling
     included."""
     cpu0 = time.process_time()
-    config, steps, rows, records, snapshot, window_s, settings, changes, errors = pickle.loads(
+    config, routing, rows, records, snapshot, window_s, settings, changes, errors = pickle.loads(
         payload
     )
-    twin, _ = twin_from_live(config, steps, rows, records, snapshot, window_s, settings.horizon_s)
+    twin, _ = twin_from_live(config, routing, rows, records, snapshot, window_s, settings.horizon_s)
     twin.model = twin.model.off_by(errors)
     return trials_while_room(twin, changes, settings), time.process_time() - cpu0
 

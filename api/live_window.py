@@ -7,14 +7,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from api.bus_reader import BusReader
 from engine.knobs import Knobs
 from engine.loop import EngineLoop
+from tuning.experts import Routing, routed, stacked
 from tuning.fit_rows import FitRows
 from tuning.outcome import METRICS, StepCounts, outcome, step_counts, totals
 
-# whole step records kept for the live twin's expert loads: each is tens of KB in memory with
-# many experts and slots (its cost model fits rows kept longer: `fit_rows`)
+# the steps whose expert loads the live twin draws from (its cost model fits rows kept
+# longer: `fit_rows`)
 FIT_STEPS = 512
 MAX_COUNTS = 1 << 17  # per-step counts kept for observations (a bound on memory)
 MAX_RECORDS = 1 << 16  # ended requests kept
@@ -54,7 +57,7 @@ def compact(step: dict[str, Any]) -> dict[str, Any]:
 
 
 class LiveWindow(BusReader):
-    """Bounded: the last FIT_STEPS StepTelemetry records, the live twin's cost-model rows of
+    """Bounded: the expert loads of the last FIT_STEPS steps, the live twin's cost-model rows of
     every step (`FitRows`), the last ATTRIBUTION_STEPS steps compacted, and the StepCounts and
     RequestRecords of the last `keep_s` seconds.
     Each of `change_hooks`, `hook(change, t)`, hears each applied knob change (a KnobChange
@@ -63,7 +66,8 @@ class LiveWindow(BusReader):
     def __init__(self, engine_loop: EngineLoop, keep_s: float) -> None:
         super().__init__(engine_loop)
         self.keep_s = keep_s
-        self.steps: deque[dict[str, Any]] = deque(maxlen=FIT_STEPS)
+        self.routed: deque[np.ndarray] = deque(maxlen=FIT_STEPS)
+        self.top_k = 0
         self.fit_rows = FitRows(engine_loop.knobs.model_dump())
         self.counts: deque[StepCounts] = deque(maxlen=MAX_COUNTS)
         self.records: deque[dict[str, Any]] = deque(maxlen=MAX_RECORDS)
@@ -83,7 +87,9 @@ class LiveWindow(BusReader):
         if dropped and steps:  # the buses lost records, perhaps steps before these
             self.kept_after = max(self.kept_after, steps[0]["t"])
         for step in steps:
-            self.steps.append(step)
+            if (counts := routed(step)) is not None:
+                self.routed.append(counts)
+                self.top_k = step["experts"]["top_k"]
             self.fit_rows.add(step)
             self._keep_compact(step)
             self.counts.append(step_counts(step))
@@ -97,6 +103,10 @@ class LiveWindow(BusReader):
             self.counts.popleft()
         while self.records and self.records[0]["finished_t"] < oldest:
             self.records.popleft()
+
+    def routing(self) -> Routing:
+        """The expert loads of the last FIT_STEPS steps that routed any, for the live twin."""
+        return stacked(self.routed, self.top_k)
 
     def _keep_compact(self, step: dict[str, Any]) -> None:
         if len(self.attributable) == self.attributable.maxlen:

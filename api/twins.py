@@ -14,6 +14,7 @@ from engine.queue_snapshot import QueueSnapshot
 from storage import Store
 from storage import queries as q
 from tuning.cost_model import Rows, stack
+from tuning.experts import Routing
 from tuning.live import arrival_window, twin_from_live
 from tuning.whatif import twin_from_recording
 
@@ -50,7 +51,7 @@ class Twins:
         current side under the knobs in force at `version` (default: now). Raises InvalidInput
         (`source`) with too few steps, EngineDead when the engine is gone."""
         self.window.drain()
-        steps = list(self.window.steps)
+        routing = self.window.routing()
         # only the changes after `version` are undone to reach its knobs
         since = self.engine_loop.engine.applied_knobs_version if version is None else version
         snapshot = await asyncio.wrap_future(self.engine_loop.snapshot(since))
@@ -58,7 +59,7 @@ class Twins:
         window_s = arrival_window(snapshot.t - self.window.started_t)
         config = engine_description(self.engine_loop)
         rows = stack(self.window.fit_rows.rows())
-        args = (config, steps, rows, recent, snapshot, window_s, changes, horizon_s, version)
+        args = (config, routing, rows, recent, snapshot, window_s, changes, horizon_s, version)
         async with self._lock:
             return await asyncio.wrap_future(self.analysis.submit(_live, *args))
 
@@ -74,7 +75,7 @@ def _recorded(
 
 def _live(
     config: dict[str, Any],
-    steps: list[dict[str, Any]],
+    routing: Routing,
     rows: Rows,
     recent: list[dict[str, Any]],
     snapshot: QueueSnapshot,
@@ -85,7 +86,7 @@ def _live(
 ) -> dict[str, Any]:
     start = time.perf_counter()
     twin, notes = twin_from_live(
-        config, steps, rows, recent, snapshot, window_s, horizon_s, version
+        config, routing, rows, recent, snapshot, window_s, horizon_s, version
     )
     result = twin.compare(changes, horizon_s)
     return {

@@ -1,9 +1,36 @@
 """Expert loads for simulated steps, taken from the routing the recording saw."""
 
 import bisect
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
+
+
+class Routing(NamedTuple):
+    """The routed pairs of recorded steps that routed any, [steps, layers, experts], and the
+    model's top_k: all the twin reads of the steps' routing (a few KB to send to the analysis
+    process, where the step records were hundreds)."""
+
+    counts: np.ndarray
+    top_k: int
+
+
+def routed(step: dict[str, Any]) -> np.ndarray | None:
+    """A StepTelemetry's routed pairs [layers, experts]; None when it routed none."""
+    counts = np.asarray(step["experts"]["counts"], dtype=np.int64)
+    return counts if counts.size and counts.sum() else None
+
+
+def routing(steps: Sequence[dict[str, Any]]) -> Routing:
+    """The Routing of StepTelemetry dicts."""
+    top_k = int(steps[0]["experts"]["top_k"]) if steps else 0
+    return stacked([c for s in steps if (c := routed(s)) is not None], top_k)
+
+
+def stacked(counts: Sequence[np.ndarray], top_k: int) -> Routing:
+    """A Routing of `routed` arrays."""
+    return Routing(np.stack(counts) if counts else np.zeros((0, 0, 0), np.int64), top_k)
 
 
 class ExpertDraw:
@@ -19,13 +46,11 @@ class ExpertDraw:
     depend on the runs before it, and the twin's runs under other knobs reuse the draws
     (drawing was half a live twin's CPU)."""
 
-    def __init__(self, steps: list[dict[str, Any]], seed: int = 0) -> None:
-        self.top_k = int(steps[0]["experts"]["top_k"])
+    def __init__(self, routing: Routing, seed: int = 0) -> None:
+        self.top_k = routing.top_k
         self.by_size: dict[int, list[np.ndarray]] = {}
-        for s in steps:
-            counts = np.asarray(s["experts"]["counts"], dtype=np.int64)
-            if counts.size and counts.sum():
-                self.by_size.setdefault(int(counts[0].sum()) // self.top_k, []).append(counts)
+        for counts in routing.counts:
+            self.by_size.setdefault(int(counts[0].sum()) // self.top_k, []).append(counts)
         if not self.by_size:
             raise ValueError("no recorded step routed any token")
         self.sizes = sorted(self.by_size)

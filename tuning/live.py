@@ -9,7 +9,7 @@ from engine.knobs import Knobs, validate_knobs
 from engine.queue_snapshot import QueuedRequest, QueueSnapshot
 from engine.telemetry import KnobChange
 from tuning.cost_model import Rows, fit_rows
-from tuning.experts import ExpertDraw
+from tuning.experts import ExpertDraw, Routing
 from tuning.trace import TraceItem, blocks_needed
 from tuning.whatif import Twin, engine_setup
 
@@ -92,7 +92,7 @@ def _over_horizon(
 
 def twin_from_live(
     config: dict[str, Any],
-    steps: list[dict[str, Any]],
+    routing: Routing,
     rows: Rows,
     recent: list[dict[str, Any]],
     snapshot: QueueSnapshot,
@@ -102,26 +102,29 @@ def twin_from_live(
 ) -> tuple[Twin, list[str]]:
     """The live engine's twin and the approximations it makes, as sentences.
 
-    `config` describes the engine (as /api/status); `steps` are its recent StepTelemetry dicts
-    (whose expert loads the twin draws from), `rows` the cost model's training rows
+    `config` describes the engine (as /api/status); `routing` holds its recent steps' expert
+    loads (which the twin draws from), `rows` the cost model's training rows
     (`tuning.fit_rows`) and `recent` its recently ended RequestRecord dicts; `snapshot` holds
     the queue and every knob change applied since `version`. The twin's knobs are those in
     force at `version` (default: at the snapshot).
-    Raises InvalidInput (`source`) when the rows are too few to fit."""
+    Raises InvalidInput (`source`) when the rows are too few to fit, or no step routed any
+    token yet (rows seeded from an earlier run, `--fit-from`, before a request ran)."""
     setup, context = engine_setup(config)
-    if not steps:
-        raise InvalidInput("the live engine has run no steps yet: nothing to fit", "source")
     try:
         model = fit_rows(rows)
     except InvalidInput as exc:
         raise InvalidInput(f"the live engine has seen too few steps: {exc}", "source") from None
+    if not len(routing.counts):
+        raise InvalidInput(
+            "the live engine has routed no token yet: no expert loads to draw from", "source"
+        )
     trace = live_trace(snapshot.requests, recent, snapshot.t, window_s, horizon_s)
     # as the engine does: a knob change may not shrink the cache below a live request's need
     queued = trace[: len(snapshot.requests)]
     context["min_blocks"] = blocks_needed(queued, setup.cache.block_size, setup.max_model_len)
     at = snapshot.knobs_version if version is None else version
     knobs = validate_knobs(knobs_at(snapshot.knobs, snapshot.knob_changes, at), context)
-    twin = Twin(setup, knobs, trace, model, ExpertDraw(steps), context)
+    twin = Twin(setup, knobs, trace, model, ExpertDraw(routing), context)
     return twin, _notes(snapshot, len(trace), window_s, horizon_s)
 
 

@@ -9,7 +9,7 @@ from engine.ep.placement import Placement
 from engine.errors import InvalidInput
 from engine.knobs import Knobs, validate_knobs
 from tuning.cost_model import CostModel, fit
-from tuning.experts import ExpertDraw
+from tuning.experts import ExpertDraw, routing
 from tuning.outcome import StepTotals, outcome
 from tuning.simulator import Setup, SimResult, simulate
 from tuning.trace import TraceItem, blocks_needed, trace_of
@@ -125,4 +125,4 @@ def twin_from_recording(
     context["min_blocks"] = blocks_needed(trace, setup.cache.block_size, setup.max_model_len)
     knobs = validate_knobs(session["knobs"], context)
     model = fit(steps, session["knobs"])
-    return Twin(setup, knobs, trace, model, ExpertDraw(steps), context)
+    return Twin(setup, knobs, trace, model, ExpertDraw(routing(steps)), context)

@@ -39,6 +39,8 @@ def test_a_seeded_twin_predicts_after_one_request(recorded: tuple[str, str]) -> 
         assert status["fit_from"]["session"] == session
         assert status["fit_from"]["rows"] >= MIN_STEPS
         assert httpx.get(bare.url + "/api/status").json()["fit_from"] is None
+        resp = live_whatif(seeded.url)  # fitted, but no expert loads of its own to draw yet
+        assert resp.status_code == 422 and "routed no token" in resp.json()["error"]["message"]
         for served in (seeded, bare):
             traffic(served.loop, 1, 4)  # a few steps of its own: fewer than a fit needs
             wait_idle(served.loop)

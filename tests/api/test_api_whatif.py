@@ -151,7 +151,7 @@ def test_without_database_or_steps_the_server_says_so(dbs: Databases) -> None:
     try:
         resp = dbs.whatif({"knobs": {"max_num_seqs": 4}, "source": "live"}, served)
         assert resp.status_code == 422 and resp.json()["error"]["param"] == "source"
-        assert "no steps" in resp.json()["error"]["message"]
+        assert "has seen too few steps" in resp.json()["error"]["message"]
         resp = dbs.whatif({"knobs": {"max_num_seqs": 4}, "source": dbs.recorded}, served)
         assert resp.status_code == 503 and "--db" in resp.json()["error"]["message"]
         patch = httpx.patch(served.url + "/api/knobs", json={"max_num_seqs": 4})

@@ -33,9 +33,10 @@ def prefill(bm: BlockManager, r: Request, matched: list[int] | None = None) -> N
 def check_states(bm: BlockManager, live: list[Request]) -> None:
     """Each block in exactly one state; ref counts equal block-table references."""
     refs = Counter(b for r in live for b in r.block_table)
-    for block in bm.blocks:
+    blocks = [bm.blocks[i] for i in range(bm.total)]
+    for block in blocks:
         assert block.ref_count == refs[block.block_id], block
-    used = {b.block_id for b in bm.blocks if b.ref_count > 0}
+    used = {b.block_id for b in blocks if b.ref_count > 0}
     cached = set(bm.cached)
     free = list(bm.free_ids)
     assert len(set(free)) == len(free)
@@ -62,7 +63,7 @@ def test_allocate_and_free_without_prefix_caching() -> None:
     assert (bm.num_used, bm.num_cached, bm.num_free, bm.num_allocatable) == (3, 0, 5, 5)
     assert bm.blocks_needed(r, 2) == 0  # tokens 10 and 11 still fit in block 2
     assert bm.blocks_needed(r, 3) == 1
-    assert all(b.hash is None for b in bm.blocks)  # nothing is hashed with caching off
+    assert all(b.hash is None for b in bm.blocks.values())  # nothing is hashed with caching off
     check_states(bm, [r])
     bm.free(r)
     assert r.block_table == [] and r.num_hashed_blocks == 0

@@ -12,11 +12,11 @@ from engine.errors import InvalidInput
 from engine.knobs import Knobs
 from tuning.attribution import Timeline, attribute
 from tuning.attribution_summary import over_time, report, summarize
-from tuning.experts import ExpertDraw
+from tuning.experts import ExpertDraw, routing
 from tuning.simulator import Setup, simulate
 from tuning.trace import TraceItem
 
-EXPERTS = ExpertDraw([{"experts": {"counts": [[1, 1, 0, 0]], "top_k": 2}}])
+EXPERTS = ExpertDraw(routing([{"experts": {"counts": [[1, 1, 0, 0]], "top_k": 2}}]))
 
 
 class Cost:

@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from tuning.experts import ExpertDraw
+from tuning.experts import ExpertDraw, routing
 
 
 def step(counts: list[list[int]], top_k: int = 2) -> dict[str, Any]:
@@ -13,7 +13,7 @@ def step(counts: list[list[int]], top_k: int = 2) -> dict[str, Any]:
 
 def test_a_recorded_size_replays_its_steps_in_order() -> None:
     a, b = [[4, 0, 2, 0]], [[3, 3, 0, 0]]
-    draw = ExpertDraw([step(a), step([[1, 1, 0, 0]]), step(b)])
+    draw = ExpertDraw(routing([step(a), step([[1, 1, 0, 0]]), step(b)]))
     assert [draw.draw(3).tolist() for _ in range(3)] == [a, b, a]
     draw.restart()
     assert draw.draw(3).tolist() == a
@@ -24,7 +24,9 @@ def test_an_unseen_size_keeps_the_nearest_steps_concentration() -> None:
     layer 1; a larger step than any recorded routes the same way, each token to top_k
     distinct experts."""
     hot = [[7, 7, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 7, 7]]
-    draw = ExpertDraw([step(hot), step([[1, 1, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 1, 1]])])
+    draw = ExpertDraw(
+        routing([step(hot), step([[1, 1, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 1, 1]])])
+    )
     out = draw.draw(50)
     assert out.sum(axis=1).tolist() == [100, 100]
     assert out.max() <= 50
@@ -39,7 +41,7 @@ def test_an_unseen_size_draws_alike_in_each_run_whatever_came_before() -> None:
     a = [[5, 1, 0, 0], [0, 0, 3, 3]]
     b = [[0, 0, 1, 5], [3, 3, 0, 0]]
     c = [[10, 0, 10, 0], [0, 10, 0, 10]]
-    draw = ExpertDraw([step(a), step(b), step(c)])
+    draw = ExpertDraw(routing([step(a), step(b), step(c)]))
     small, large = draw.draw(5), draw.draw(40)  # nearest sizes 3 (a) and 10 (c)
     assert small[0, :2].sum() > small[0, 2:].sum()  # like a
     like_b = draw.draw(5)
@@ -47,10 +49,20 @@ def test_an_unseen_size_draws_alike_in_each_run_whatever_came_before() -> None:
     draw.restart()
     assert draw.draw(40).tolist() == large.tolist()
     assert draw.draw(5).tolist() == small.tolist()
-    fresh = ExpertDraw([step(a), step(b), step(c)])
+    fresh = ExpertDraw(routing([step(a), step(b), step(c)]))
     assert fresh.draw(40).tolist() == large.tolist()
 
 
 def test_no_routed_token_is_refused() -> None:
     with pytest.raises(ValueError, match="no recorded step"):
-        ExpertDraw([step([[0, 0]])])
+        ExpertDraw(routing([step([[0, 0]])]))
+
+
+def test_routing_keeps_the_steps_that_routed_any_and_draws_them_as_the_steps_do() -> None:
+    steps = [step([[2, 0, 2, 0]]), step([]), step([[0, 0, 0, 0]]), step([[1, 3, 0, 0]])]
+    got = routing(steps)
+    assert got.top_k == 2 and got.counts.tolist() == [[[2, 0, 2, 0]], [[1, 3, 0, 0]]]
+    draw = ExpertDraw(got)
+    a, b = [[2, 0, 2, 0]], [[1, 3, 0, 0]]
+    assert [draw.draw(2).tolist() for _ in range(3)] == [a, b, a]
+    assert routing([]).counts.shape == (0, 0, 0)

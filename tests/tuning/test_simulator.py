@@ -11,7 +11,7 @@ from engine import LLMEngine, SamplingParams
 from engine.config import CacheConfig
 from engine.ep.placement import Placement
 from engine.knobs import Knobs
-from tuning.experts import ExpertDraw
+from tuning.experts import ExpertDraw, routing
 from tuning.features import capacity, kept
 from tuning.simulator import Setup, simulate
 from tuning.trace import TraceItem
@@ -129,7 +129,9 @@ def test_simulator_schedules_as_the_engine_did(
     setup = engine_setup(caching)
     durations = [s["dur_ms"]["total"] for s in steps]
     full = Knobs.model_validate({**Knobs().model_dump(), **knobs})
-    sim = simulate(trace, full, setup, RecordedCost(durations), ExpertDraw(steps), keep_steps=True)
+    sim = simulate(
+        trace, full, setup, RecordedCost(durations), ExpertDraw(routing(steps)), keep_steps=True
+    )
     sim_steps = [s.model_dump() for s in sim.steps]
     sim_ids = {f"sim-{i}": i for i in range(len(trace))}
 
@@ -148,7 +150,7 @@ def test_a_capacity_factor_drops_exactly_what_the_recorded_loads_would() -> None
     setup = engine_setup(caching=False)
     full = Knobs.model_validate({**Knobs().model_dump(), **knobs, "expert_capacity_factor": 1.0})
     durations = [s["dur_ms"]["total"] for s in steps]
-    sim = simulate(trace, full, setup, RecordedCost(durations), ExpertDraw(steps))
+    sim = simulate(trace, full, setup, RecordedCost(durations), ExpertDraw(routing(steps)))
 
     dropped = 0
     for s in steps:
