@@ -67,7 +67,7 @@ class LiveWindow(BusReader):
         super().__init__(engine_loop)
         self.keep_s = keep_s
         self.routed: deque[np.ndarray] = deque(maxlen=FIT_STEPS)
-        self.top_k = 0
+        self.top_k = engine_loop.engine.model_config.top_k
         self.fit_rows = FitRows(engine_loop.knobs.model_dump())
         self.counts: deque[StepCounts] = deque(maxlen=MAX_COUNTS)
         self.records: deque[dict[str, Any]] = deque(maxlen=MAX_RECORDS)
@@ -89,7 +89,6 @@ class LiveWindow(BusReader):
         for step in steps:
             if (counts := routed(step)) is not None:
                 self.routed.append(counts)
-                self.top_k = step["experts"]["top_k"]
             self.fit_rows.add(step)
             self._keep_compact(step)
             self.counts.append(step_counts(step))

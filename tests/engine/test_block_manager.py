@@ -63,7 +63,7 @@ def test_allocate_and_free_without_prefix_caching() -> None:
     assert (bm.num_used, bm.num_cached, bm.num_free, bm.num_allocatable) == (3, 0, 5, 5)
     assert bm.blocks_needed(r, 2) == 0  # tokens 10 and 11 still fit in block 2
     assert bm.blocks_needed(r, 3) == 1
-    assert all(b.hash is None for b in bm.blocks.values())  # nothing is hashed with caching off
+    assert all(bm.blocks[i].hash is None for i in range(bm.total))  # no hashes with caching off
     check_states(bm, [r])
     bm.free(r)
     assert r.block_table == [] and r.num_hashed_blocks == 0

@@ -184,7 +184,7 @@ class Workload:
         refs = Counter(b for r in sch.running for b in r.block_table)
         assert sum(refs.values()) >= blocks.num_used
         assert len(refs) == blocks.num_used
-        for block in blocks.blocks.values():
+        for block in (blocks.blocks[i] for i in range(blocks.total)):
             assert block.ref_count == refs[block.block_id]
         free = list(blocks.free_ids)
         assert len(set(free)) == len(free) == blocks.num_free

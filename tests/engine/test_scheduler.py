@@ -106,9 +106,10 @@ def check_state(sched: Scheduler) -> None:
     slots = [r.slot for r in sched.running]
     assert len(set(slots)) == len(slots)
     refs = Counter(b for r in sched.running for b in r.block_table)
-    for block in bm.blocks.values():
+    blocks = [bm.blocks[i] for i in range(bm.total)]
+    for block in blocks:
         assert block.ref_count == refs[block.block_id], block
-    used = {b.block_id for b in bm.blocks.values() if b.ref_count > 0}
+    used = {b.block_id for b in blocks if b.ref_count > 0}
     cached, free = set(bm.cached), list(bm.free_ids)
     assert len(set(free)) == len(free)
     assert len(used) + len(cached) + len(free) == bm.total
@@ -131,7 +132,7 @@ def assert_all_blocks_back(sched: Scheduler, num_host_blocks: int = 0) -> None:
     assert (sched.running, list(sched.waiting), list(sched.swapped)) == ([], [], [])
     assert bm.num_used == 0
     assert bm.num_free + bm.num_cached == bm.total
-    assert all(b.ref_count == 0 for b in bm.blocks.values())
+    assert all(bm.blocks[i].ref_count == 0 for i in range(bm.total))
     assert sorted(bm.host_free) == list(range(num_host_blocks))
     assert sorted(sched.free_slots) == list(range(sched.next_slot))
     check_state(sched)
