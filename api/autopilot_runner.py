@@ -162,6 +162,7 @@ class AutopilotRunner:
                     [q.arrival for q in snapshot.requests if not q.generated],
                     [(r["arrival"], r["prompt_len"]) for r in view.records]
                     + [(q.arrival, q.prompt_len) for q in snapshot.requests],
+                    [q.arrival for q in snapshot.requests if q.generated],
                 )
         finally:
             self.cpu_s += time.thread_time() - cpu0

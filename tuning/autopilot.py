@@ -9,6 +9,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from scipy.stats import binom
+
 import stats
 from engine.errors import InvalidInput
 from engine.knobs import Knobs
@@ -24,6 +26,9 @@ BACKLOG_WEIGHT = 0.5  # a queue left at the horizon of half the requests costs 2
 HISTORY = 900  # ticks of measurements kept: half an hour at the default interval
 MIN_REQUESTS = 5  # requests a window needs before its percentiles mean anything
 ROLLBACK_MARGIN = 0.05  # attainment this much worse after a change than before: undo it
+# ... and as few attaining after it as chance gives this rarely at that attainment: in a phase
+# of long prompts five to ten requests come in the seconds after a change
+ROLLBACK_P = 0.05
 BAN_S = 120.0  # a rolled-back move is not tried again for this long
 MAX_BACKOFF = 8  # the gap between changes grows up to this many times after rollbacks
 JUDGE_WITHIN = 3  # observe_s periods to wait for enough requests to judge a change
@@ -169,13 +174,14 @@ class Autopilot:
         evaluate: Evaluate,
         unstarted: Sequence[float] = (),
         arrivals: Sequence[Arrival] = (),
+        started: Sequence[float] = (),
     ) -> Decision | None:
         """What to do now; `recent` are the RequestRecords that ended lately (at least since
         the pending change), `unstarted` the arrival times of the requests in the engine
-        without a first token yet, `arrivals` (arrival, prompt length) of every request that
-        arrived lately, ended or not, `attribution` gives the `summarize` of the ended ones
-        (or None), asked only when the twin is. A change or a rollback is for the caller to
-        apply; None means hold."""
+        without a first token yet, `started` those of the requests in the engine with one,
+        `arrivals` (arrival, prompt length) of every request that arrived lately, ended or
+        not, `attribution` gives the `summarize` of the ended ones (or None), asked only when
+        the twin is. A change or a rollback is for the caller to apply; None means hold."""
         s = self.settings
         if not s.enabled:
             return None
@@ -194,7 +200,7 @@ class Autopilot:
             if t < self.pending.t + s.observe_s:
                 self.state, self.note = "adjusting", "measuring the last change"
                 return None
-            rollback = self._judge(t, recent, unstarted)
+            rollback = self._judge(t, recent, unstarted, started)
             if rollback is not None or self.pending is not None:
                 return rollback
         if t - self.last_change_t < s.min_gap_s * self.backoff:
@@ -253,8 +259,10 @@ class Autopilot:
     def _late(self, t: float, arrivals: Sequence[float]) -> list[float]:
         """The waits (ms) of those of `arrivals`, without a first token at `t`, that are past
         the TTFT target."""
-        waits = (1000 * (t - a) for a in arrivals)
-        return [w for w in waits if w > self.settings.ttft_p90_ms]
+        return [1000 * (t - a) for a in arrivals if self._past_target(t, a)]
+
+    def _past_target(self, t: float, arrival: float) -> bool:
+        return 1000 * (t - arrival) > self.settings.ttft_p90_ms
 
     def _look_gap(self, violated: bool) -> float:
         """Seconds between looks: look_s while a target is missed, explore_s while every one
@@ -408,20 +416,19 @@ class Autopilot:
         return text
 
     def _judge(
-        self, t: float, recent: list[dict[str, Any]], unstarted: Sequence[float]
+        self,
+        t: float,
+        recent: list[dict[str, Any]],
+        unstarted: Sequence[float],
+        started: Sequence[float],
     ) -> Decision | None:
         """Roll the pending change back if attainment fell since it, below what was measured
         before it and below what the twin predicted for the knobs unchanged (under a rising
-        load attainment falls whatever the knobs; that fall is not the change's doing), else
-        accept it."""
+        load attainment falls whatever the knobs; that fall is not the change's doing), by more
+        than chance on the requests measured after it, else accept it."""
         pending = self.pending
         assert pending is not None
-        # requests that arrived after the change ran wholly under it
-        after = Measured.of(
-            [r for r in recent if r["arrival"] >= pending.t],
-            self.settings.slo,
-            self._late(t, [a for a in unstarted if a >= pending.t]),
-        )
+        after = self._cohort(t, pending.t, recent, unstarted, started)
         before = pending.before.attainment
         if after.requests < MIN_REQUESTS and t < pending.t + JUDGE_WITHIN * self.settings.observe_s:
             self.state, self.note = "adjusting", "waiting for requests to judge the last change"
@@ -430,7 +437,7 @@ class Autopilot:
         if before is None or after.attainment is None or after.requests < MIN_REQUESTS:
             return None
         baseline = before if pending.unchanged is None else min(before, pending.unchanged)
-        if after.attainment >= baseline - ROLLBACK_MARGIN:
+        if not fell(after, baseline - ROLLBACK_MARGIN):
             self.backoff = max(1.0, self.backoff / 2)
             return None
         self.banned[pending.move] = t + BAN_S
@@ -438,12 +445,32 @@ class Autopilot:
         undo = {k: [new, old] for k, (old, new) in pending.decision.changes.items()}
         moves_text = ", ".join(f"{k} {a} → {b}" for k, (a, b) in undo.items())
         reason = (
-            f"rolled back: SLO attainment {after.attainment:.0%} after the change, "
-            f"{before:.0%} before: {moves_text}; next change no sooner than "
+            f"rolled back: SLO attainment {after.attainment:.0%} of {after.requests} requests "
+            f"after the change, {before:.0%} before: {moves_text}; next change no sooner than "
             f"{self.settings.min_gap_s * self.backoff:g} s"
         )
         self.state, self.note = "rolled back", reason
         return Decision(t, "rollback", reason, undo)
+
+    def _cohort(
+        self,
+        t: float,
+        since: float,
+        recent: list[dict[str, Any]],
+        unstarted: Sequence[float],
+        started: Sequence[float],
+    ) -> Measured:
+        """The requests that arrived from `since` on, up to the first whose outcome is still
+        open (one decoding, or one waiting for a first token within the TTFT target). Those
+        that ended alone would leave out the ones still decoding, mostly those whose first
+        token came in time, and keep every late one: a sample of misses."""
+        waiting = [a for a in unstarted if a >= since and not self._past_target(t, a)]
+        end = min([a for a in started if a >= since] + waiting, default=math.inf)
+        return Measured.of(
+            [r for r in recent if since <= r["arrival"] < end],
+            self.settings.slo,
+            self._late(t, [a for a in unstarted if since <= a < end]),
+        )
 
     def applied(self, decision: Decision, version: int) -> None:
         decision.version = version
@@ -476,6 +503,15 @@ class Autopilot:
             if history > 0
             else [],
         }
+
+
+def fell(after: Measured, baseline: float) -> bool:
+    """Whether fewer of `after`'s requests attained than chance would leave with probability
+    ROLLBACK_P, had each attained with probability `baseline`."""
+    if after.attainment is None or baseline <= 0:
+        return False
+    attained = round(after.attainment * after.requests)
+    return float(binom.cdf(attained, after.requests, min(1.0, baseline))) < ROLLBACK_P
 
 
 def score(trial: Trial, settings: AutopilotSettings, excess: bool = True) -> float:

@@ -15,7 +15,7 @@ HINTS: dict[str, list[tuple[str, int]]] = {
     "decode": [("max_num_seqs", -1)],
     "queue_kv": [("max_num_seqs", -1)],
 }
-MAX_MOVES = 4  # twin runs per decision: each costs CPU beside the engine
+MAX_MOVES = 3  # twin runs per decision: each costs CPU beside the engine
 
 
 def moved(value: int, direction: int, factor: float, lo: int, hi: int) -> int:

@@ -20,6 +20,7 @@ from tuning.autopilot import (
     Evaluate,
     trials_while_room,
 )
+from tuning.autopilot_moves import MAX_MOVES, moves
 from tuning.autopilot_settings import AutopilotSettings, parse_targets
 from tuning.simulator import simulate
 from tuning.trace import TraceItem
@@ -97,6 +98,22 @@ def test_slow_big_decode_batches_lower_max_num_seqs() -> None:
     assert decision.reason.startswith("p90 TPOT 138 ms > 100 ms target")
     assert "(100% of p90 TPOT is decode steps)" in decision.reason
     assert "TTFT is" not in decision.reason  # only the missed target is explained
+
+
+def test_moves_weigh_the_causes_hints_first_and_no_banned_one() -> None:
+    """Prefill chunks riding in decode steps hint a smaller chunk, then a smaller budget; the
+    other single steps follow, MAX_MOVES in all (each is a twin run)."""
+    s = settings(ttft_p90_ms=500, tpot_p90_ms=50)
+    chunk_down, budget_down = ("prefill_chunk_size", -1), ("max_num_batched_tokens", -1)
+    got = moves(Knobs(), s, ["decode_tax"], set())
+    assert len(got) == MAX_MOVES == 3
+    assert got[:2] == [
+        ({"prefill_chunk_size": 256}, chunk_down),
+        ({"max_num_batched_tokens": 1024}, budget_down),
+    ]
+    assert got[2] == ({"max_num_seqs": 128}, ("max_num_seqs", 1))
+    unbanned = moves(Knobs(), s, ["decode_tax"], {chunk_down})
+    assert [m for _, m in unbanned] == [budget_down, ("max_num_seqs", 1), ("max_num_seqs", -1)]
 
 
 def test_met_targets_hold() -> None:
@@ -263,7 +280,9 @@ def test_a_change_that_makes_attainment_worse_is_rolled_back_and_backed_off() ->
     undo = pilot.tick(106.0, moved, worse, no_attribution, fixed(0.5, 0.9))
     assert undo is not None and undo.action == "rollback"
     assert undo.changes == {k: [b, a] for k, (a, b) in decision.changes.items()}
-    assert undo.reason.startswith("rolled back: SLO attainment 0% after the change, 50% before")
+    assert undo.reason.startswith(
+        "rolled back: SLO attainment 0% of 10 requests after the change, 50% before"
+    )
     assert pilot.state == "rolled back"
     pilot.applied(undo, version=8)
     # backed off: no change for twice the gap, and the same move is not tried again
@@ -271,6 +290,53 @@ def test_a_change_that_makes_attainment_worse_is_rolled_back_and_backed_off() ->
     fresh = worse + [record(110 + 0.4 * i, 900.0) for i in range(10)]
     later = pilot.tick(115.0, knobs, fresh, no_attribution, fixed(0.5, 0.9))
     assert later is not None and later.changes != decision.changes
+
+
+def changed_at_100(pilot: Autopilot) -> Knobs:
+    """A change the twin predicts 50% -> 90% for, made at t=100 after ten requests of which
+    half attained (arrived 95-98.6 s); the knobs it moved to."""
+    knobs = Knobs(max_num_seqs=8)
+    before = [record(95 + 0.4 * i, 600.0 if i % 2 else 100.0) for i in range(10)]
+    decision = pilot.tick(100.0, knobs, before, no_attribution, fixed(0.5, 0.9))
+    assert decision is not None and decision.action == "change"
+    pilot.applied(decision, version=7)
+    return Knobs.model_validate({**knobs.model_dump(), **decision.knob_values()})
+
+
+def test_a_change_is_judged_on_arrivals_whose_outcome_is_known() -> None:
+    """After the change, six requests ended late (arrived 102-104.5 s), and three still wait
+    past the target; the one that arrived first (101 s) is still decoding, and so are others
+    (in time, most likely). The ended and the waiting alone are 0% of nine: yet the requests
+    after the change are not judged until the first of them is known, and it attained."""
+    pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50, min_gap_s=4.0))
+    moved = changed_at_100(pilot)
+    late = [record(102 + 0.5 * i, 900.0) for i in range(6)]
+    unstarted, started = [105.0, 105.1, 105.2], [101.0, 101.5, 103.2]
+    for t in (106.0, 112.0):
+        ticked = pilot.tick(t, moved, late, no_attribution, fixed(0.5, 0.9), unstarted, (), started)
+        assert ticked is None
+        assert (pilot.state, pilot.note) == (
+            "adjusting",
+            "waiting for requests to judge the last change",
+        )
+    # the first ended in time, and so did the next two: 3 of 9 ended requests is within chance
+    ended = [*late, record(101.0, 100.0), record(101.5, 100.0), record(103.2, 100.0)]
+    assert pilot.tick(113.0, moved, ended, no_attribution, fixed(0.5, 0.9)) is None
+    assert pilot.state != "rolled back" and pilot.pending is None
+
+
+@pytest.mark.parametrize(("attained", "rolled_back"), [(0, True), (1, False), (2, False)])
+def test_a_fall_within_chance_of_a_few_requests_is_not_rolled_back(
+    attained: int, rolled_back: bool
+) -> None:
+    """Before, half attained; after, `attained` of six: at 45% (the margin off 50%) none of
+    six attains one time in 36 (0.55^6), one or fewer one time in six."""
+    pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50, min_gap_s=4.0))
+    moved = changed_at_100(pilot)
+    after = [record(101 + 0.5 * i, 100.0 if i < attained else 900.0) for i in range(6)]
+    judged = pilot.tick(106.0, moved, after, no_attribution, fixed(0.5, 0.9))
+    assert (judged is not None and judged.action == "rollback") == rolled_back
+    assert (pilot.state == "rolled back") == rolled_back
 
 
 def test_a_fall_the_twin_foresaw_without_the_change_is_not_rolled_back() -> None:
