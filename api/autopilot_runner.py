@@ -159,10 +159,10 @@ class AutopilotRunner:
                     view.records,
                     lambda: _attribution(view, s.observe_s),
                     self._unlocked(twin_trials),
-                    [q.arrival for q in snapshot.requests if not q.generated],
+                    snapshot.arrivals(started=False),
                     [(r["arrival"], r["prompt_len"]) for r in view.records]
                     + [(q.arrival, q.prompt_len) for q in snapshot.requests],
-                    [q.arrival for q in snapshot.requests if q.generated],
+                    snapshot.arrivals(started=True),
                 )
         finally:
             self.cpu_s += time.thread_time() - cpu0

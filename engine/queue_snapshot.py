@@ -33,6 +33,10 @@ class QueueSnapshot:
     knob_changes: list[KnobChange]
     requests: list[QueuedRequest]
 
+    def arrivals(self, started: bool) -> list[float]:
+        """The arrival times of the requests with a first token (`started`) or without one."""
+        return [q.arrival for q in self.requests if bool(q.generated) == started]
+
 
 def queue_snapshot(engine: LLMEngine, since_version: int = 0) -> QueueSnapshot:
     """Read the engine's state; call it on the engine thread only (it changes nothing)."""
