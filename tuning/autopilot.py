@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from scipy.stats import binom
+from scipy.special import bdtr
 
 import stats
 from engine.errors import InvalidInput
@@ -511,7 +511,7 @@ def fell(after: Measured, baseline: float) -> bool:
     if after.attainment is None or baseline <= 0:
         return False
     attained = round(after.attainment * after.requests)
-    return float(binom.cdf(attained, after.requests, min(1.0, baseline))) < ROLLBACK_P
+    return float(bdtr(attained, after.requests, baseline)) < ROLLBACK_P  # the binomial CDF
 
 
 def score(trial: Trial, settings: AutopilotSettings, excess: bool = True) -> float:
