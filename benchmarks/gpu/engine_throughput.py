@@ -15,9 +15,12 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench_util import pick_device, save
+
+if TYPE_CHECKING:
+    from engine import LLMEngine, SamplingParams
 
 LARGE = dict(
     hidden_size=1024,
@@ -38,7 +41,7 @@ def workload(n: int, seed: int, prompt_range: tuple[int, int]) -> list[list[int]
     return [[rng.randrange(1, 256) for _ in range(rng.randint(*prompt_range))] for _ in range(n)]
 
 
-def run(
+def warmed(
     backend: str,
     model: str,
     device: str,
@@ -46,8 +49,9 @@ def run(
     prompts: list[list[int]],
     max_tokens: int,
     max_num_seqs: int,
-) -> dict[str, Any]:
-    """One engine, all requests at once, stepped until done."""
+) -> tuple["LLMEngine", "SamplingParams"]:
+    """An engine on `backend` that has run a workload of the same lengths once, and the
+    sampling parameters to run `prompts` with."""
     from engine import LLMEngine, SamplingParams
 
     kernels = backend.removesuffix("-eager")
@@ -67,9 +71,29 @@ def run(
         prefill_chunk_size=2048,
     )
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-    engine.add_request(prompts[0][:8], SamplingParams(max_tokens=2, ignore_eos=True))
-    while engine.has_unfinished():  # warm-up: compile kernels, allocate
+    # Warm-up on the whole workload: Triton compiles a kernel per specialization of its
+    # shapes, and decode graphs are captured per batch size, so a short warm-up left those
+    # compiles in the timed run of whichever backend ran first. Other prompts of the same
+    # lengths, so that the timed run finds none of its blocks in the prefix cache.
+    rng = random.Random(1)
+    for p in prompts:
+        engine.add_request([rng.randrange(1, 256) for _ in p], params)
+    while engine.has_unfinished():
         engine.step()
+    return engine, params
+
+
+def run(
+    backend: str,
+    model: str,
+    device: str,
+    dtype: str,
+    prompts: list[list[int]],
+    max_tokens: int,
+    max_num_seqs: int,
+) -> dict[str, Any]:
+    """One warmed engine, all requests at once, stepped until done."""
+    engine, params = warmed(backend, model, device, dtype, prompts, max_tokens, max_num_seqs)
     for p in prompts:
         engine.add_request(p, params)
     t0 = time.perf_counter()

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU measurements in one call (297 s on an H200, 2026-12-04), from the repository root:
+# GPU measurements in one call (333 s on an H200, 2026-12-04), from the repository root:
 #
 #   bash benchmarks/gpu/run_all.sh             # on a CUDA machine; results go to $OUT
 #   DRY_RUN=1 bash benchmarks/gpu/run_all.sh   # anywhere: tiny shapes on the CPU
@@ -7,9 +7,9 @@
 # Steps: the kernel tests on the GPU; a quick autotune of the benchmark shapes into
 # kernels/configs/grouped_gemm.json; copy bandwidth and bf16 matmul rate; our grouped GEMM
 # against torch grouped_mm and a per-expert loop; the offline engine on a larger synthetic
-# model per backend; then one table (printed, and written to $OUT/gpu_results.md). Each step
-# has a time limit, so that one that hangs leaves the others their time (about 9 minutes in
-# all); the benchmarks write their JSON after each row, so a step cut short keeps its rows.
+# model per backend; where a decode step's host time goes (cProfile, in bench.log); then one
+# table (printed, and written to $OUT/gpu_results.md). Each step has a time limit, so that one
+# that hangs leaves the others their time (about 10 minutes in all); the benchmarks write their JSON after each row, so a step cut short keeps its rows.
 #
 # The engine needs pydantic, which the GPU image lacks: put its wheels in .whl/ (ignored by
 # git) and carry .whl; they are installed into /tmp/site here. To fetch them (Python 3.12):
@@ -56,6 +56,7 @@ step bench.log 30 $PY benchmarks/gpu/roofline.py "${DRY[@]}" --json "$OUT/roofli
 step bench.log 110 $PY benchmarks/gpu/moe_kernels.py "${DRY[@]}" --roofline "$OUT/roofline.json" \
     --json "$OUT/moe.json"
 step bench.log 140 $PY benchmarks/gpu/engine_throughput.py "${DRY[@]}" --json "$OUT/engine.json"
+step bench.log 60 $PY benchmarks/gpu/step_profile.py "${DRY[@]}"
 step bench.log 20 $PY benchmarks/gpu/report.py --roofline "$OUT/roofline.json" \
     --moe "$OUT/moe.json" --engine "$OUT/engine.json" --out "$OUT/gpu_results.md"
 exit $status

@@ -3,6 +3,7 @@ the report checks the targets and rewrites only its RESULTS.md section."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +37,7 @@ def test_dry_run_measures_every_shape_and_backend(tmp_path: Path, report: Module
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "!! failed" not in run.stdout
+    assert re.search(r"decode-only steps: schedule .* over [1-9]\d* steps", run.stdout)
     assert {p.name for p in tmp_path.iterdir()} == {
         "bench.log",
         "roofline.json",
