@@ -14,7 +14,7 @@ from scipy.special import bdtr
 import stats
 from engine.errors import InvalidInput
 from engine.knobs import Knobs
-from tuning.autopilot_moves import moves
+from tuning.autopilot_moves import Move, moves
 from tuning.autopilot_settings import AutopilotSettings
 from tuning.load_shift import SHIFT_S, Arrival, Shift, longer_since, shift
 from tuning.outcome import request_tpot_ms
@@ -60,7 +60,7 @@ class Evaluate(Protocol):
 
 
 Attribution = Callable[[], dict[str, Any] | None]
-Scored = tuple[float, float, Trial, tuple[str, int]]  # predicted gain, the gain needed, trial, move
+Scored = tuple[float, float, Trial, Move]  # predicted gain, the gain needed, trial, move
 
 
 @dataclass
@@ -113,7 +113,7 @@ class Pending:
     t: float
     decision: Decision
     before: Measured
-    move: tuple[str, int]  # (knob, direction), as `moves` gives it
+    move: Move  # its steps, as `moves` gives them
     unchanged: float | None  # the attainment the twin predicted had the knobs stayed
 
 
@@ -134,7 +134,7 @@ class Autopilot:
         self.looked_at: set[str] = set()  # the targets missed at the last look
         self.paused_until = float("-inf")
         self.backoff = 1.0
-        self.banned: dict[tuple[str, int], float] = {}
+        self.banned: dict[Move, float] = {}
         self.last_moves: dict[str, tuple[int, float]] = {}  # knob -> (direction, t) of our last
         self.regime_t = float("-inf")  # when a shift in the load was last seen (tuning.load_shift)
         self.regime: Shift | None = None  # that shift, with longer prompts named after it
@@ -230,7 +230,12 @@ class Autopilot:
         self.fruitless_looks = 0 if decision is not None else self.fruitless_looks + 1
         if decision is None and shifted and self.state == "holding":
             self.note = f"load shifted ({shifted.text}); {self.note}"
-        if self.state == "waiting" and shifted and t - self.regime_t < s.arrivals_s:
+        if (
+            decision is None
+            and self.state == "waiting"
+            and shifted
+            and t - self.regime_t < s.arrivals_s
+        ):
             # the twin could not weigh it yet (a new load runs steps unlike any fitted): ask
             # again as the new load's steps come in
             self.shifted = shifted
@@ -296,7 +301,7 @@ class Autopilot:
         requests that ended under the load before)."""
         banned = {m for m, until in self.banned.items() if until > t}
         causes = [*hints, *dominant_causes(attribution)]
-        candidates = moves(knobs, self.settings, causes, banned)
+        candidates = moves(knobs, self.settings, causes, banned, together=hints)
         if not candidates:
             self.state, self.note = "holding", "no move left within the bounds"
             return None
@@ -388,7 +393,7 @@ class Autopilot:
             )
         return None
 
-    def _need(self, move: tuple[str, int], t: float, violated: bool, requests: int) -> float:
+    def _need(self, move: Move, t: float, violated: bool, requests: int) -> float:
         """The predicted score gain a move must clear: `gain`, twice that while every target is
         met, but at least MIN_GAINED of the `requests` simulated; REVERSE_GAIN times more for
         undoing our own change of the last REVERSE_S."""
@@ -396,9 +401,13 @@ class Autopilot:
         need = max(self.settings.gain * (1 if violated else 2), floor)
         return need * REVERSE_GAIN if self._reverses(move, t) else need
 
-    def _reverses(self, move: tuple[str, int], t: float) -> bool:
-        last = self.last_moves.get(move[0])
-        return last is not None and last[0] == -move[1] and t - last[1] < REVERSE_S
+    def _reverses(self, move: Move, t: float) -> str | None:
+        """The knob of ours that `move` would take back within REVERSE_S, if any."""
+        for knob, direction in move:
+            last = self.last_moves.get(knob)
+            if last is not None and last[0] == -direction and t - last[1] < REVERSE_S:
+                return knob
+        return None
 
     def _no_gain(self, t: float, scored: list[Scored], hopeless: bool, requests: int) -> str:
         """Why no candidate cleared its need, in words."""
@@ -406,8 +415,8 @@ class Autopilot:
         text = f"no candidate predicted to gain {need:.2f} in score (best {gain:+.3f})"
         if requests and MIN_GAINED / requests > self.settings.gain:
             text += f"; a gain must be worth {MIN_GAINED} of the {requests} requests simulated"
-        if self._reverses(move, t):
-            text += f"; undoing its own {move[0]} change so soon needs {REVERSE_GAIN:g}x the gain"
+        if undone := self._reverses(move, t):
+            text += f"; undoing its own {undone} change so soon needs {REVERSE_GAIN:g}x the gain"
         if hopeless:
             text = (
                 "the twin predicts no request meets both targets under any candidate: only a "
@@ -479,8 +488,8 @@ class Autopilot:
         if decision.action == "change":
             self.state, self.note = "adjusting", decision.reason
             if self.pending is not None:
-                knob, direction = self.pending.move
-                self.last_moves[knob] = (direction, decision.t)
+                for knob, direction in self.pending.move:
+                    self.last_moves[knob] = (direction, decision.t)
 
     def refused(self, decision: Decision, message: str) -> None:
         """The engine refused the change: record it and keep going."""

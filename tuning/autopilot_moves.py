@@ -1,13 +1,17 @@
 """The knob sets the autopilot weighs: one step up or down for each knob it may move, the moves
-the attribution points at first, kept within bounds and consistent with each other."""
+the attribution points at first (and, on a shift in the load, its hinted steps together), kept
+within bounds and consistent with each other."""
 
+from collections.abc import Sequence
 from typing import Any
 
 from engine.knobs import Knobs
 from tuning.autopilot_settings import AutopilotSettings
 
-# what a dominant cause says to try first: (knob, +1 up / -1 down)
-HINTS: dict[str, list[tuple[str, int]]] = {
+Step = tuple[str, int]  # (knob, +1 up / -1 down; 0 for the policy's flip)
+Move = tuple[Step, ...]  # the steps one candidate makes together
+# what a dominant cause says to try first
+HINTS: dict[str, list[Step]] = {
     "queue_slots": [("max_num_seqs", 1)],
     "queue_budget": [("max_num_batched_tokens", 1), ("prefill_chunk_size", 1)],
     "interference": [("prefill_chunk_size", -1)],
@@ -39,36 +43,65 @@ def consistent(values: dict[str, Any], knob: str) -> dict[str, Any]:
     return out
 
 
+def stepped(current: dict[str, Any], settings: AutopilotSettings, steps: Move) -> dict[str, Any]:
+    """The knobs that `steps` change, one after another, with the others they pull along."""
+    values = dict(current)
+    for knob, direction in steps:
+        value = values[knob]
+        if knob == "prefill_chunk_size" and value == 0:
+            value = values["max_num_batched_tokens"]  # unchunked: a chunk as big as the budget
+        b = settings.knobs[knob]
+        new = moved(value, direction, settings.max_factor, b.lo, b.hi)
+        values = consistent({**values, knob: new}, knob)
+    return {k: v for k, v in values.items() if v != current[k]}
+
+
 def moves(
     knobs: Knobs,
     settings: AutopilotSettings,
-    causes: list[str],
-    banned: set[tuple[str, int]],
-) -> list[tuple[dict[str, Any], tuple[str, int]]]:
-    """Up to MAX_MOVES candidate knob changes with the (knob, direction) each makes: those the
-    `causes` (most to least dominant) hint at first, then every other single step. A banned
-    (knob, direction), one rolled back lately, is left out, as is a move that changes
-    nothing."""
-    order = [hint for cause in causes for hint in HINTS.get(cause, [])]
-    order += [(k, d) for k in settings.knobs for d in (1, -1)]
+    causes: Sequence[str],
+    banned: set[Move],
+    together: Sequence[str] = (),
+) -> list[tuple[dict[str, Any], Move]]:
+    """Up to MAX_MOVES candidate knob changes with the steps each makes: those the `causes`
+    (most to least dominant) hint at first, then every other single step. `together`'s hints
+    (a shift's causes), when they move two knobs or more, are weighed first as one candidate
+    as well, beyond MAX_MOVES: each change is measured for observe_s before the next may come,
+    so a shift that needs two steps settled one change later when it took them one by one.
+    A banned move (one rolled back lately), or a candidate with a banned step, is left out, as
+    is a move that changes nothing."""
     current = knobs.model_dump()
-    out: list[tuple[dict[str, Any], tuple[str, int]]] = []
+    steps = [hint for cause in causes for hint in HINTS.get(cause, [])]
+    steps += [(k, d) for k in settings.knobs for d in (1, -1)]
+    out: list[tuple[dict[str, Any], Move]] = []
     seen: list[dict[str, Any]] = []
-    for knob, direction in order:
-        if knob not in settings.knobs or (knob, direction) in banned:
-            continue
-        value = current[knob]
-        if knob == "prefill_chunk_size" and value == 0:
-            value = current["max_num_batched_tokens"]  # unchunked: a chunk as big as the budget
-        b = settings.knobs[knob]
-        values = consistent(
-            {**current, knob: moved(value, direction, settings.max_factor, b.lo, b.hi)}, knob
-        )
-        changes = {k: v for k, v in values.items() if v != current[k]}
+
+    def add(move: Move) -> None:
+        if move in banned or any((step,) in banned for step in move):
+            return
+        changes = stepped(current, settings, move)
         if changes and changes not in seen:
             seen.append(changes)
-            out.append((changes, (knob, direction)))
-    if settings.allow_policy and ("policy", 0) not in banned:
+            out.append((changes, move))
+
+    add(combined(current, settings, together))
+    first = len(out)  # the combined candidate, if any
+    for step in steps:
+        if step[0] in settings.knobs:
+            add((step,))
+    if settings.allow_policy:
         flip = "shortest_first" if knobs.policy == "fcfs" else "fcfs"
-        out.insert(min(len(out), 2), ({"policy": flip}, ("policy", 0)))
-    return out[:MAX_MOVES]
+        if (("policy", 0),) not in banned:
+            out.insert(min(len(out), first + 2), ({"policy": flip}, (("policy", 0),)))
+    return out[: first + MAX_MOVES]
+
+
+def combined(current: dict[str, Any], settings: AutopilotSettings, causes: Sequence[str]) -> Move:
+    """The steps the `causes` hint at, the first for each knob that can move, if they are two
+    or more; else none."""
+    steps: list[Step] = []
+    for step in (hint for cause in causes for hint in HINTS.get(cause, [])):
+        fresh = step[0] in settings.knobs and step[0] not in {k for k, _ in steps}
+        if fresh and stepped(current, settings, (step,)):
+            steps.append(step)
+    return tuple(steps) if len(steps) >= 2 else ()

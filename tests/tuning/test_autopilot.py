@@ -102,18 +102,41 @@ def test_slow_big_decode_batches_lower_max_num_seqs() -> None:
 
 def test_moves_weigh_the_causes_hints_first_and_no_banned_one() -> None:
     """Prefill chunks riding in decode steps hint a smaller chunk, then a smaller budget; the
-    other single steps follow, MAX_MOVES in all (each is a twin run)."""
+    other single steps follow, MAX_MOVES in all (each is a twin run). A shift that brings that
+    cause weighs its two steps together as well, first, as one more candidate; not when one
+    of them is banned or cannot move."""
     s = settings(ttft_p90_ms=500, tpot_p90_ms=50)
-    chunk_down, budget_down = ("prefill_chunk_size", -1), ("max_num_batched_tokens", -1)
+    chunk_down, budget_down = (("prefill_chunk_size", -1),), (("max_num_batched_tokens", -1),)
     got = moves(Knobs(), s, ["decode_tax"], set())
     assert len(got) == MAX_MOVES == 3
     assert got[:2] == [
         ({"prefill_chunk_size": 256}, chunk_down),
         ({"max_num_batched_tokens": 1024}, budget_down),
     ]
-    assert got[2] == ({"max_num_seqs": 128}, ("max_num_seqs", 1))
+    assert got[2] == ({"max_num_seqs": 128}, (("max_num_seqs", 1),))
     unbanned = moves(Knobs(), s, ["decode_tax"], {chunk_down})
-    assert [m for _, m in unbanned] == [budget_down, ("max_num_seqs", 1), ("max_num_seqs", -1)]
+    assert [m for _, m in unbanned] == [
+        budget_down,
+        (("max_num_seqs", 1),),
+        (("max_num_seqs", -1),),
+    ]
+    both = moves(Knobs(), s, ["decode_tax"], set(), together=["decode_tax"])
+    assert both == [
+        ({"prefill_chunk_size": 256, "max_num_batched_tokens": 1024}, chunk_down + budget_down),
+        *got,
+    ]
+    assert moves(Knobs(), s, ["decode_tax"], {chunk_down}, together=["decode_tax"]) == unbanned
+    assert moves(Knobs(), s, ["decode_tax"], {both[0][1]}, together=["decode_tax"]) == got
+    bounded = settings(
+        ttft_p90_ms=500,
+        tpot_p90_ms=50,
+        knobs={
+            "prefill_chunk_size": {"lo": 512, "hi": 4096},
+            "max_num_batched_tokens": {"lo": 64, "hi": 8192},
+        },
+    )
+    alone = [m for _, m in moves(Knobs(), bounded, ["decode_tax"], set(), together=["decode_tax"])]
+    assert alone == [budget_down, (("prefill_chunk_size", 1),), (("max_num_batched_tokens", 1),)]
 
 
 def test_met_targets_hold() -> None:
@@ -500,10 +523,11 @@ def test_a_shift_in_the_arrivals_is_looked_at_at_once_on_the_new_load_alone() ->
 def test_a_shift_to_long_prompts_weighs_a_smaller_chunk_first_once_the_twin_can() -> None:
     """From 100 s the prompts grow from 100 tokens to 1500; nothing has ended under them, so
     no attribution points anywhere. The shift itself hints at long chunks in decode steps: a
-    smaller chunk is the first candidate (the single steps of the other knobs alone leave it
-    out). The twin cannot weigh the new load until its steps come in (here at its first two
-    looks): the pilot asks again every look_s (ticking every 2 s: every 6 s), and moves the
-    chunk as soon as it can."""
+    smaller chunk is the first single step (the single steps of the other knobs alone leave it
+    out), after the shift's two hinted steps together (chunk and budget down), which the twin
+    here predicts less for. The twin cannot weigh the new load until its steps come in (here
+    at its first two looks): the pilot asks again every look_s (ticking every 2 s: every
+    6 s), and moves the chunk as soon as it can."""
     short = [(80 + 0.5 * i, 100) for i in range(40)]
     long = [(100 + 0.5 * i, 1500) for i in range(80)]
     refusals = 2
@@ -524,7 +548,7 @@ def test_a_shift_to_long_prompts_weighs_a_smaller_chunk_first_once_the_twin_can(
         t += 2
     first = asked[0][0]
     assert [a for a, _ in asked] == [first, first + 6, *[first + 12] * 3]
-    assert asked[2][1] == {"prefill_chunk_size": 256}
+    assert asked[2][1] == {"prefill_chunk_size": 256, "max_num_batched_tokens": 1024}
     assert decision is not None and decision.changes == {"prefill_chunk_size": [512, 256]}
     assert decision.reason.startswith("load shifted: mean prompt 100 → ")
     # a twin that never can: asked every look_s until arrivals_s (20 s) after the shift
@@ -536,12 +560,50 @@ def test_a_shift_to_long_prompts_weighs_a_smaller_chunk_first_once_the_twin_can(
     assert [a for a, _ in asked] == [first + 6 * k for k in range(5)]
 
 
+def test_a_shift_that_needs_two_steps_takes_them_in_one_change() -> None:
+    """Prompts grow from 100 tokens to 1500 at 100 s, and the twin predicts most for a smaller
+    chunk and a smaller budget together: the look the shift brings makes both in one change
+    (one by one, the second would wait observe_s for the first to be judged). When the
+    requests after it fare worse, one rollback undoes both, and that pair is not tried again
+    for a while."""
+    short = [(80 + 0.5 * i, 100) for i in range(40)]
+    long = [(100 + 0.5 * i, 1500) for i in range(80)]
+    both = {"prefill_chunk_size": 256, "max_num_batched_tokens": 1024}
+    predicted = {frozenset(both.items()): 0.9, frozenset({("prefill_chunk_size", 256)}): 0.7}
+
+    def twin(changes: list[dict[str, Any]], window_s: float, errors: float = 0.0) -> list[Trial]:
+        return [
+            Trial(c, {"tpot_p90_ms": 50.0}, 1.0, predicted.get(frozenset(c.items()), 0.5))
+            for c in changes
+        ]
+
+    pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=60))
+    met = [record(99 + 0.4 * i, 100.0) for i in range(10)]
+    decision = pilot.tick(104.0, Knobs(), met, no_attribution, twin, (), short + long)
+    assert decision is not None and decision.reason.startswith("load shifted: mean prompt")
+    assert decision.changes == {
+        "prefill_chunk_size": [512, 256],
+        "max_num_batched_tokens": [2048, 1024],
+    }
+    assert "max_num_batched_tokens 2048 → 1024, prefill_chunk_size 512 → 256" in decision.reason
+    pilot.applied(decision, version=1)
+    worse = met + [record(104 + 0.3 * i, 900.0) for i in range(10)]
+    moved = Knobs(prefill_chunk_size=256, max_num_batched_tokens=1024)
+    undo = pilot.tick(110.0, moved, worse, no_attribution, twin, (), short + long)
+    assert undo is not None and undo.action == "rollback"
+    assert undo.changes == {
+        "prefill_chunk_size": [256, 512],
+        "max_num_batched_tokens": [1024, 2048],
+    }
+    assert set(pilot.banned) == {(("prefill_chunk_size", -1), ("max_num_batched_tokens", -1))}
+
+
 def test_longer_prompts_after_a_shift_seen_on_the_rate_are_looked_at_when_they_come() -> None:
     """Eight short prompts a second until 100 s, then none until long ones, one a second, from
     104.5 s: at 104 s the rate has fallen and no long prompt has come yet. That look has
     nothing that hints at a smaller chunk and leaves it out; the long prompts that follow are
     news of the same shift, looked at as soon as two have come, and a smaller chunk is
-    weighed first."""
+    weighed first among the single steps."""
     short = [(60 + i / 8, 100 + 10 * (i % 5)) for i in range(320)]
     long = [(104.5 + i, 1500) for i in range(20)]
     asked: list[tuple[float, list[dict[str, Any]]]] = []
@@ -559,7 +621,7 @@ def test_longer_prompts_after_a_shift_seen_on_the_rate_are_looked_at_when_they_c
         if decision is not None:
             decisions[t] = decision
     assert [a for a, _ in asked] == [104, 106, 106, 106]
-    assert chunk not in asked[0][1] and asked[1][1][0] == chunk
+    assert chunk not in asked[0][1] and asked[1][1][1] == chunk
     assert list(decisions) == [106] and decisions[106].changes == {"prefill_chunk_size": [512, 256]}
     assert decisions[106].reason.startswith(
         "load shifted: arrivals 8.0 → 1.6 req/s, then mean prompt 120 → 1500 tokens"
