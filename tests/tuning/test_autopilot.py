@@ -565,7 +565,7 @@ def test_a_shift_that_needs_two_steps_takes_them_in_one_change() -> None:
     chunk and a smaller budget together: the look the shift brings makes both in one change
     (one by one, the second would wait observe_s for the first to be judged). When the
     requests after it fare worse, one rollback undoes both, and that pair is not tried again
-    for a while."""
+    for a while. Until then, undoing either knob soon counts as undoing its own change."""
     short = [(80 + 0.5 * i, 100) for i in range(40)]
     long = [(100 + 0.5 * i, 1500) for i in range(80)]
     both = {"prefill_chunk_size": 256, "max_num_batched_tokens": 1024}
@@ -587,6 +587,8 @@ def test_a_shift_that_needs_two_steps_takes_them_in_one_change() -> None:
     }
     assert "max_num_batched_tokens 2048 → 1024, prefill_chunk_size 512 → 256" in decision.reason
     pilot.applied(decision, version=1)
+    up = {"prefill_chunk_size": 1, "max_num_batched_tokens": 1}  # either undoes a knob it moved
+    assert all(pilot._reverses(((knob, d),), 110.0) == knob for knob, d in up.items())
     worse = met + [record(104 + 0.3 * i, 900.0) for i in range(10)]
     moved = Knobs(prefill_chunk_size=256, max_num_batched_tokens=1024)
     undo = pilot.tick(110.0, moved, worse, no_attribution, twin, (), short + long)
