@@ -14,6 +14,7 @@ import argparse
 import os
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,59 +42,68 @@ def workload(n: int, seed: int, prompt_range: tuple[int, int]) -> list[list[int]
     return [[rng.randrange(1, 256) for _ in range(rng.randint(*prompt_range))] for _ in range(n)]
 
 
-def warmed(
-    backend: str,
-    model: str,
-    device: str,
-    dtype: str,
-    prompts: list[list[int]],
-    max_tokens: int,
-    max_num_seqs: int,
-) -> tuple["LLMEngine", "SamplingParams"]:
+@dataclass(frozen=True)
+class Workload:
+    """What an engine run serves, and on what."""
+
+    model: str
+    device: str
+    dtype: str
+    prompts: list[list[int]]
+    max_tokens: int
+    max_num_seqs: int = 128
+
+
+def bench_workload(dry_run: bool, requests: int, max_tokens: int, max_num_seqs: int) -> Workload:
+    """The GPU benchmark's workload (synthetic:tiny on the CPU for a dry run)."""
+    device = str(pick_device(dry_run))
+    from engine.model.loader import SYNTHETIC_PRESETS
+
+    SYNTHETIC_PRESETS.setdefault("gpu-bench", LARGE)
+    if dry_run:
+        return Workload("synthetic:tiny", device, "float32", workload(3, 0, (4, 12)), 3)
+    prompts = workload(requests, 0, (64, 512))
+    return Workload("synthetic:gpu-bench", device, "bfloat16", prompts, max_tokens, max_num_seqs)
+
+
+def warmed(backend: str, w: Workload) -> tuple["LLMEngine", "SamplingParams"]:
     """An engine on `backend` that has run a workload of the same lengths once, and the
-    sampling parameters to run `prompts` with."""
+    sampling parameters to run `w.prompts` with."""
     from engine import LLMEngine, SamplingParams
 
     kernels = backend.removesuffix("-eager")
     os.environ["MOESCOPE_MOE_BACKEND"] = kernels
     os.environ["MOESCOPE_ATTN_BACKEND"] = kernels
     os.environ["MOESCOPE_DECODE_GRAPHS"] = "0" if backend.endswith("-eager") else "1"
-    if device == "cpu":
+    if w.device == "cpu":
         os.environ.pop("MOESCOPE_DECODE_GRAPHS")  # the CPU default: off
     engine = LLMEngine(
-        model=model,
-        device=device,
-        dtype=dtype,
+        model=w.model,
+        device=w.device,
+        dtype=w.dtype,
         num_kv_blocks=16384,
         block_size=16,
-        max_num_seqs=max_num_seqs,
+        max_num_seqs=w.max_num_seqs,
         max_num_batched_tokens=4096,
         prefill_chunk_size=2048,
     )
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    params = SamplingParams(max_tokens=w.max_tokens, temperature=0, ignore_eos=True)
     # Warm-up on the whole workload: Triton compiles a kernel per specialization of its
     # shapes, and decode graphs are captured per batch size, so a short warm-up left those
     # compiles in the timed run of whichever backend ran first. Other prompts of the same
     # lengths, so that the timed run finds none of its blocks in the prefix cache.
     rng = random.Random(1)
-    for p in prompts:
+    for p in w.prompts:
         engine.add_request([rng.randrange(1, 256) for _ in p], params)
     while engine.has_unfinished():
         engine.step()
     return engine, params
 
 
-def run(
-    backend: str,
-    model: str,
-    device: str,
-    dtype: str,
-    prompts: list[list[int]],
-    max_tokens: int,
-    max_num_seqs: int,
-) -> dict[str, Any]:
+def run(backend: str, w: Workload) -> dict[str, Any]:
     """One warmed engine, all requests at once, stepped until done."""
-    engine, params = warmed(backend, model, device, dtype, prompts, max_tokens, max_num_seqs)
+    engine, params = warmed(backend, w)
+    prompts = w.prompts
     for p in prompts:
         engine.add_request(p, params)
     t0 = time.perf_counter()
@@ -108,7 +118,7 @@ def run(
     wall = time.perf_counter() - t0
     return {
         "backend": backend,
-        "model": model,
+        "model": w.model,
         "requests": len(prompts),
         "output_tokens": tokens,
         "wall_s": wall,
@@ -134,21 +144,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     )
     p.add_argument("--dry-run", action="store_true", help="synthetic:tiny on the CPU")
     args = p.parse_args(argv)
-    device = pick_device(args.dry_run)
-    from engine.model.loader import SYNTHETIC_PRESETS
-
-    SYNTHETIC_PRESETS.setdefault("gpu-bench", LARGE)
-    if args.dry_run:
-        model, dtype, prompts, max_tokens = "synthetic:tiny", "float32", workload(3, 0, (4, 12)), 3
-    else:
-        model, dtype = "synthetic:gpu-bench", "bfloat16"
-        prompts, max_tokens = workload(args.requests, 0, (64, 512)), args.max_tokens
+    w = bench_workload(args.dry_run, args.requests, args.max_tokens, args.max_num_seqs)
     backends = args.backends or (
         ["triton", "torch"] if args.dry_run else ["triton", "triton-eager", "torch"]
     )
     rows = []
     for backend in backends:
-        rows.append(run(backend, model, str(device), dtype, prompts, max_tokens, args.max_num_seqs))
+        rows.append(run(backend, w))
         r = rows[-1]
         print(
             f"engine {backend}: {r['output_tokens']} tokens in {r['wall_s']:.1f} s = "

@@ -16,18 +16,15 @@ import pstats
 import time
 from typing import Any
 
-from bench_util import pick_device
-from engine_throughput import LARGE, warmed, workload
+from engine_throughput import Workload, bench_workload, warmed
 
 PHASES = ("schedule", "prepare", "forward", "sample", "total")
 
 
-def profile(
-    model: str, device: str, dtype: str, prompts: list[list[int]], max_tokens: int
-) -> tuple[dict[str, Any], str]:
+def profile(w: Workload) -> tuple[dict[str, Any], str]:
     """Phase means over decode-only steps, and cProfile's listing of the same steps."""
-    engine, params = warmed("triton", model, device, dtype, prompts, max_tokens, 128)
-    for p in prompts:
+    engine, params = warmed("triton", w)
+    for p in w.prompts:
         engine.add_request(p, params)
     sums = dict.fromkeys(PHASES, 0.0)
     wall, steps = 0.0, 0
@@ -64,16 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--dry-run", action="store_true", help="synthetic:tiny on the CPU")
     args = p.parse_args(argv)
-    device = pick_device(args.dry_run)
-    from engine.model.loader import SYNTHETIC_PRESETS
-
-    SYNTHETIC_PRESETS.setdefault("gpu-bench", LARGE)
-    if args.dry_run:
-        model, dtype, prompts, max_tokens = "synthetic:tiny", "float32", workload(3, 0, (4, 12)), 4
-    else:
-        model, dtype = "synthetic:gpu-bench", "bfloat16"
-        prompts, max_tokens = workload(args.requests, 0, (64, 512)), args.max_tokens
-    means, listing = profile(model, str(device), dtype, prompts, max_tokens)
+    means, listing = profile(bench_workload(args.dry_run, args.requests, args.max_tokens, 128))
     print(
         "decode-only steps: "
         + ", ".join(f"{k} {v:.2f} ms" for k, v in means.items() if k != "decode_steps")
