@@ -24,6 +24,8 @@ def test_torchrun_ranks_serve_with_measured_all_to_all(tmp_path: Path) -> None:
             "2",
             "--master-port",
             str(free_port()),
+            "--log-dir",  # else torchrun leaves a torchelastic_* folder in /tmp
+            str(tmp_path / "ranks"),
             "-m",
             "api.cli",
             "serve",
