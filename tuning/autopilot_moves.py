@@ -89,10 +89,9 @@ def moves(
     for step in steps:
         if step[0] in settings.knobs:
             add((step,))
-    if settings.allow_policy:
+    if settings.allow_policy and (("policy", 0),) not in banned:
         flip = "shortest_first" if knobs.policy == "fcfs" else "fcfs"
-        if (("policy", 0),) not in banned:
-            out.insert(min(len(out), first + 2), ({"policy": flip}, (("policy", 0),)))
+        out.insert(min(len(out), first + 2), ({"policy": flip}, (("policy", 0),)))
     return out[: first + MAX_MOVES]
 
 

@@ -51,7 +51,7 @@ class Workload:
     dtype: str
     prompts: list[list[int]]
     max_tokens: int
-    max_num_seqs: int = 128
+    max_num_seqs: int
 
 
 def bench_workload(dry_run: bool, requests: int, max_tokens: int, max_num_seqs: int) -> Workload:
@@ -61,7 +61,8 @@ def bench_workload(dry_run: bool, requests: int, max_tokens: int, max_num_seqs: 
 
     SYNTHETIC_PRESETS.setdefault("gpu-bench", LARGE)
     if dry_run:
-        return Workload("synthetic:tiny", device, "float32", workload(3, 0, (4, 12)), 3)
+        tiny = workload(3, 0, (4, 12))
+        return Workload("synthetic:tiny", device, "float32", tiny, 3, max_num_seqs)
     prompts = workload(requests, 0, (64, 512))
     return Workload("synthetic:gpu-bench", device, "bfloat16", prompts, max_tokens, max_num_seqs)
 

@@ -9,7 +9,8 @@
 # against torch grouped_mm and a per-expert loop; the offline engine on a larger synthetic
 # model per backend; where a decode step's host time goes (cProfile, in bench.log); then one
 # table (printed, and written to $OUT/gpu_results.md). Each step has a time limit, so that one
-# that hangs leaves the others their time (about 10 minutes in all); the benchmarks write their JSON after each row, so a step cut short keeps its rows.
+# that hangs leaves the others their time (about 10 minutes in all); the benchmarks write their
+# JSON after each row, so a step cut short keeps its rows.
 #
 # The engine needs pydantic, which the GPU image lacks: put its wheels in .whl/ (ignored by
 # git) and carry .whl; they are installed into /tmp/site here. To fetch them (Python 3.12):

@@ -38,13 +38,10 @@ def profile(w: Workload) -> tuple[dict[str, Any], str]:
         result = engine.step()
         if decoding:
             prof.disable()
-        dt = time.perf_counter() - t0
-        tel = result.telemetry
-        if decoding and tel.batch.num_prefill_tokens == 0:
             steps += 1
-            wall += dt
+            wall += time.perf_counter() - t0
             for k in PHASES:
-                sums[k] += getattr(tel.dur_ms, k)
+                sums[k] += getattr(result.telemetry.dur_ms, k)
     means = {k: v / max(1, steps) for k, v in sums.items()}
     means["step_call_wall"] = wall * 1e3 / max(1, steps)
     means["decode_steps"] = steps
