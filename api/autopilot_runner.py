@@ -28,7 +28,7 @@ from tuning.autopilot import Autopilot, Decision, Evaluate, trials_while_room
 from tuning.autopilot_settings import AutopilotSettings
 from tuning.cost_model import Rows, stack
 from tuning.experts import Routing, stacked
-from tuning.live import arrival_window, twin_from_live
+from tuning.live import arrival_window, stretched_horizon, twin_from_live
 from tuning.tune import Trial
 
 ORIGIN = "autopilot"
@@ -139,14 +139,17 @@ class AutopilotRunner:
                 return stacked(*routed), stack(rows)
 
             def twin_trials(
-                changes: list[dict[str, Any]], window_s: float, errors: float = 0.0
+                changes: list[dict[str, Any]],
+                window_s: float,
+                errors: float = 0.0,
+                min_requests: int = 0,
             ) -> list[Trial]:
                 # pickled here, so that this thread's CPU time counts it: the pool's feeder
                 # thread would do it unseen, on the server's GIL all the same
                 window = min(window_s, young)
                 rec = view.records
                 payload = pickle.dumps(
-                    (config, *inputs(), rec, snapshot, window, s, changes, errors)
+                    (config, *inputs(), rec, snapshot, window, s, changes, errors, min_requests)
                 )
                 trials, cpu_s = self._analysis.submit(live_trials, payload).result()
                 self.cpu_s += cpu_s
@@ -172,10 +175,13 @@ class AutopilotRunner:
         """`run` with the lock let go while it runs (called with the lock held)."""
 
         def call(
-            changes: list[dict[str, Any]], window_s: float, errors: float = 0.0
+            changes: list[dict[str, Any]],
+            window_s: float,
+            errors: float = 0.0,
+            min_requests: int = 0,
         ) -> list[Trial]:
             with self._released():
-                return run(changes, window_s, errors)
+                return run(changes, window_s, errors, min_requests)
 
         return call
 
@@ -209,12 +215,15 @@ def live_trials(payload: bytes) -> tuple[list[Trial], float]:
     (pickled arguments of `twin_trials`), and the CPU seconds they took, unpickling
     included."""
     cpu0 = time.process_time()
-    config, routing, rows, records, snapshot, window_s, settings, changes, errors = pickle.loads(
-        payload
+    config, routing, rows, records, snapshot, window_s, settings, changes, errors, least = (
+        pickle.loads(payload)
     )
-    twin, _ = twin_from_live(config, routing, rows, records, snapshot, window_s, settings.horizon_s)
+    horizon_s = stretched_horizon(
+        snapshot.requests, records, snapshot.t, window_s, settings.horizon_s, least
+    )
+    twin, _ = twin_from_live(config, routing, rows, records, snapshot, window_s, horizon_s)
     twin.model = twin.model.off_by(errors)
-    return trials_while_room(twin, changes, settings), time.process_time() - cpu0
+    return trials_while_room(twin, changes, settings, horizon_s), time.process_time() - cpu0
 
 
 def _attribution(view: AttributionView, window_s: float) -> dict[str, Any] | None:

@@ -38,6 +38,11 @@ REVERSE_GAIN = 2.0
 # a gain must be worth this many of the simulated requests attaining: whether one request
 # makes its targets is within the twin's error (its step times are 10-20% off)
 MIN_GAINED = 2
+# requests the twin simulates at least on a shift's look, its horizon stretched for them
+# (tuning.live.stretched_horizon): at the 11 a 10 s horizon held in a phase of long prompts,
+# one request was 9 points, and the chunk lost to the budget by one. Only there: the twin's
+# CPU grows with its horizon, and the shift's look is the one that settles a phase soonest
+MIN_SIMULATED = 30
 
 MEASURED_TOO_FEW = (
     f"fewer than {MIN_REQUESTS} requests measured lately (ended, or waiting for a first token "
@@ -50,16 +55,24 @@ Action = Literal["change", "rollback", "hold"]
 
 class Evaluate(Protocol):
     def __call__(
-        self, changes: list[dict[str, Any]], window_s: float, errors: float = 0.0
+        self,
+        changes: list[dict[str, Any]],
+        window_s: float,
+        errors: float = 0.0,
+        min_requests: int = 0,
     ) -> list[Trial]:
         """A trial for each knob change, the first ({}) the knobs as they are, with the twin
-        repeating the arrivals of the last `window_s` seconds and its steps `errors` of its
-        held-out errors longer than its fit (`CostModel.off_by`); after a first trial refused
-        or scoring above the `ceiling`, the rest may be left out."""
+        repeating the arrivals of the last `window_s` seconds, over a horizon long enough for
+        `min_requests` (within bounds), and its steps `errors` of its held-out errors longer
+        than its fit (`CostModel.off_by`); after a first trial refused or scoring above the
+        `ceiling`, the rest may be left out."""
         ...
 
 
 Attribution = Callable[[], dict[str, Any] | None]
+Ask = Callable[
+    [list[dict[str, Any]], float], list[Trial]
+]  # Evaluate for one look: (changes, errors)
 Scored = tuple[float, float, Trial, Move]  # predicted gain, the gain needed, trial, move
 
 
@@ -226,7 +239,12 @@ class Autopilot:
         self.last_look_t, self.looked_at = t, set(violated)
         why = {**violated, **({"load": f"load shifted: {shifted.text}"} if shifted else {})}
         hints = shifted.causes if shifted else ()
-        decision = self._choose(t, knobs, now, why, hints, attribution(), evaluate)
+        window, least = self.arrivals_window(t), MIN_SIMULATED if shifted else 0
+
+        def ask(changes: list[dict[str, Any]], errors: float) -> list[Trial]:
+            return evaluate(changes, window, errors, least)
+
+        decision = self._choose(t, knobs, now, why, hints, attribution(), ask)
         self.fruitless_looks = 0 if decision is not None else self.fruitless_looks + 1
         if decision is None and shifted and self.state == "holding":
             self.note = f"load shifted ({shifted.text}); {self.note}"
@@ -295,7 +313,7 @@ class Autopilot:
         violated: dict[str, str],
         hints: Sequence[str],
         attribution: dict[str, Any] | None,
-        evaluate: Evaluate,
+        ask: Ask,
     ) -> Decision | None:
         """`hints`: causes a shift in the load brings, weighed before the attribution's (of
         requests that ended under the load before)."""
@@ -307,7 +325,7 @@ class Autopilot:
             return None
         generation = self.generation
         try:
-            trials = evaluate([{}] + [c for c, _ in candidates], self.arrivals_window(t))
+            trials = ask([{}] + [c for c, _ in candidates], 0.0)
         except InvalidInput as exc:
             if generation == self.generation:
                 self.state, self.note = "waiting", str(exc)
@@ -348,7 +366,7 @@ class Autopilot:
             self.state, self.note = "holding", self._no_gain(t, scored, hopeless, requests)
             return None
         gained, _, best, move = max(cleared, key=lambda x: x[0])
-        doubt = self._doubt(best, gained, not hopeless, evaluate, self.arrivals_window(t))
+        doubt = self._doubt(best, gained, not hopeless, ask)
         if generation != self.generation:
             return None
         if doubt is not None:
@@ -361,9 +379,7 @@ class Autopilot:
         self.pending = Pending(t, decision, now, move, current.slo_attainment)
         return decision
 
-    def _doubt(
-        self, best: Trial, gained: float, excess: bool, evaluate: Evaluate, window_s: float
-    ) -> str | None:
+    def _doubt(self, best: Trial, gained: float, excess: bool, ask: Ask) -> str | None:
         """Why `best`'s predicted gain (`gained`) may be the twin's error, in words: with every
         step one held-out error longer, or shorter, than the fit, it loses, or it gains
         nothing both ways; None otherwise. The need was cleared by the fit's prediction; under
@@ -375,7 +391,7 @@ class Autopilot:
         way spares the second."""
         gains: dict[str, float] = {}
         for errors, way in ((-1.0, "shorter"), (1.0, "longer")):
-            trials = evaluate([{}, best.changes], window_s, errors)
+            trials = ask([{}, best.changes], errors)
             gains[way] = (
                 score(trials[1], self.settings, excess) - score(trials[0], self.settings, excess)
                 if len(trials) == 2 and trials[0].outcome and trials[1].outcome
@@ -558,12 +574,12 @@ def ceiling(settings: AutopilotSettings) -> float:
 
 
 def trials_while_room(
-    twin: Twin, changes: list[dict[str, Any]], settings: AutopilotSettings
+    twin: Twin, changes: list[dict[str, Any]], settings: AutopilotSettings, horizon_s: float
 ) -> list[Trial]:
-    """The twin's trial of each of `changes`, the first ({}) the knobs as they are; only that
-    one when the twin refused it or it scores above the `ceiling`: the rest would cost CPU
-    beside the engine for nothing."""
-    slo, horizon_s = settings.slo, settings.horizon_s
+    """The twin's trial of each of `changes` over `horizon_s`, the first ({}) the knobs as
+    they are; only that one when the twin refused it or it scores above the `ceiling`: the
+    rest would cost CPU beside the engine for nothing."""
+    slo = settings.slo
     first = evaluate(twin, changes[0], slo, horizon_s)
     if first.outcome is None or score(first, settings) > ceiling(settings):
         return [first]

@@ -15,6 +15,7 @@ from tuning.whatif import Twin, engine_setup
 
 ARRIVAL_WINDOW_S = 60.0  # the recent arrivals that the horizon repeats
 MIN_WINDOW_S = 10.0  # a younger server still repeats this much, so a first burst is not a rate
+MAX_STRETCH = 3.0  # the horizon stretches at most this many times (the twin's CPU grows with it)
 
 
 def arrival_window(uptime_s: float) -> float:
@@ -54,13 +55,37 @@ def live_trace(
         else TraceItem(0.0, q.prompt_len + q.generated, q.max_tokens - q.generated, q.priority)
         for q in queued
     ]
+    future = _over_horizon(_pattern(queued, recent, now, window_s), window_s, horizon_s)
+    return items + sorted(future, key=lambda item: item.offset_s)
+
+
+def stretched_horizon(
+    queued: list[QueuedRequest],
+    recent: list[dict[str, Any]],
+    now: float,
+    window_s: float,
+    horizon_s: float,
+    min_requests: int,
+) -> float:
+    """`horizon_s`, or as much longer (up to MAX_STRETCH times) as `live_trace` needs to hold
+    `min_requests`: the queued ones and the arrivals of the last `window_s` at their rate."""
+    arrivals = len(_pattern(queued, recent, now, window_s))
+    if not arrivals:
+        return horizon_s
+    needed = (min_requests - len(queued)) * window_s / arrivals
+    return min(max(horizon_s, needed), MAX_STRETCH * horizon_s)
+
+
+def _pattern(
+    queued: list[QueuedRequest], recent: list[dict[str, Any]], now: float, window_s: float
+) -> list[tuple[float, int, int, int]]:
+    """(seconds ago, prompt, output, priority) of the arrivals of the last `window_s` with
+    output to come: ended RequestRecord dicts in `recent`, and the queued requests."""
     pattern = [
         (r["arrival"], r["prompt_len"], r["output_len"], r.get("priority") or 0) for r in recent
     ]
     pattern += [(q.arrival, q.prompt_len, q.max_tokens, q.priority) for q in queued]
-    pattern = [(now - a, p, n, pr) for a, p, n, pr in pattern if now - a <= window_s and n > 0]
-    future = _over_horizon(pattern, window_s, horizon_s)
-    return items + sorted(future, key=lambda item: item.offset_s)
+    return [(now - a, p, n, pr) for a, p, n, pr in pattern if now - a <= window_s and n > 0]
 
 
 def _over_horizon(

@@ -5,7 +5,13 @@ import pytest
 from engine.knobs import Knobs
 from engine.queue_snapshot import QueuedRequest
 from engine.telemetry import KnobChange
-from tuning.live import arrival_window, knobs_at, live_trace
+from tuning.live import (
+    MAX_STRETCH,
+    arrival_window,
+    knobs_at,
+    live_trace,
+    stretched_horizon,
+)
 from tuning.trace import TraceItem
 
 NOW = 1000.0
@@ -75,6 +81,23 @@ def test_a_window_longer_than_the_horizon_is_squeezed_into_it_at_its_rate() -> N
         (2.5, 10),
         (4.0, 16),
     ]
+
+
+def test_a_horizon_too_short_for_enough_requests_stretches_until_it_holds_them() -> None:
+    least = 30
+    queued = [QueuedRequest("waiting", NOW - 1.0, 30, 0, 8, 0)] * 4
+    # 8 ended in the last 10 s, with the 4 queued 1.2 a second: 26 more take 21.7 s
+    recent = [record(NOW - ago, 50, 4) for ago in range(2, 10)]
+    horizon = stretched_horizon(queued, recent, NOW, 10.0, 10.0, least)
+    assert horizon == pytest.approx((least - 4) * 10.0 / 12)
+    held = len(live_trace(queued, recent, NOW, 10.0, 10.0))
+    assert held < least <= len(live_trace(queued, recent, NOW, 10.0, horizon))
+    # none asked for, or enough already: as asked; a trickle: at most MAX_STRETCH times; nothing
+    # to repeat: as asked
+    assert stretched_horizon(queued, recent, NOW, 10.0, 10.0, 0) == 10.0
+    assert stretched_horizon(queued, recent * 3, NOW, 10.0, 10.0, least) == 10.0
+    assert stretched_horizon([], recent[:1], NOW, 10.0, 10.0, least) == MAX_STRETCH * 10.0
+    assert stretched_horizon(queued, [], NOW, 0.5, 10.0, least) == 10.0
 
 
 def test_nothing_queued_and_nothing_recent_is_an_empty_trace() -> None:
