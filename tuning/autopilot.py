@@ -60,6 +60,7 @@ class Evaluate(Protocol):
         window_s: float,
         errors: float = 0.0,
         min_requests: int = 0,
+        /,
     ) -> list[Trial]:
         """A trial for each knob change, the first ({}) the knobs as they are, with the twin
         repeating the arrivals of the last `window_s` seconds, over a horizon long enough for

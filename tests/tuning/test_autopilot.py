@@ -51,10 +51,7 @@ class Load:
         """The twin's trials, its steps `errors` times ERROR longer."""
 
         def run(
-            changes: list[dict[str, Any]],
-            window_s: float,
-            errors: float = 0.0,
-            min_requests: int = 0,
+            changes: list[dict[str, Any]], window_s: float, errors: float = 0.0, *_: Any
         ) -> list[Trial]:
             twin = replace(self.twin, model=self.cost.times(1 + errors * ERROR))
             return [evaluate(twin, c, settings.slo) for c in changes]
@@ -172,9 +169,7 @@ def test_knobs_that_leave_no_room_are_the_only_ones_simulated() -> None:
         load.knobs,
         load.records,
         lambda: load.attribution,
-        lambda c, window_s, errors=0.0, min_requests=0: trials_while_room(
-            load.twin, c, s, s.horizon_s
-        ),
+        lambda c, *_: trials_while_room(load.twin, c, s, s.horizon_s),
     )
     assert decision is None
     assert pilot.note == (
@@ -189,9 +184,7 @@ def no_attribution() -> None:
 def fixed(attainment: float, better: float) -> Any:
     """An evaluate that predicts `attainment` for the current knobs and `better` for the rest."""
 
-    def run(
-        changes: list[dict[str, Any]], window_s: float, errors: float = 0.0, min_requests: int = 0
-    ) -> list[Trial]:
+    def run(changes: list[dict[str, Any]], window_s: float, *_: Any) -> list[Trial]:
         return [
             Trial(c, {"ttft_p90_ms": 100.0}, 1.0, attainment if not c else better) for c in changes
         ]
@@ -216,9 +209,7 @@ def test_a_queue_past_the_ttft_target_is_a_miss_before_its_requests_end() -> Non
     waiting = [98.0, 98.5, 99.0, 99.2, 99.4, 99.7, 99.9]  # waits 2000 ... 100 ms at t=100
     looked: list[dict[str, Any]] = []
 
-    def twin(
-        changes: list[dict[str, Any]], window_s: float, errors: float = 0.0, min_requests: int = 0
-    ) -> list[Trial]:
+    def twin(changes: list[dict[str, Any]], window_s: float, *_: Any) -> list[Trial]:
         looked.extend(changes)
         return fixed(0.0, 0.9)(changes, window_s)
 
@@ -236,9 +227,7 @@ def counted(requests: int, current: int, better: int) -> Any:
     """An evaluate whose twin simulates `requests`, `current` of them attaining with the knobs
     as they are and `better` under every candidate."""
 
-    def run(
-        changes: list[dict[str, Any]], window_s: float, errors: float = 0.0, min_requests: int = 0
-    ) -> list[Trial]:
+    def run(changes: list[dict[str, Any]], window_s: float, *_: Any) -> list[Trial]:
         out = {"latencies_ms": [(100.0, 10.0)] * requests, "unfinished": 0}
         return [Trial(c, out, 1.0, (better if c else current) / requests) for c in changes]
 
@@ -272,10 +261,7 @@ def test_a_gain_that_the_twins_error_could_undo_waits() -> None:
 
     def gives(longer: float, shorter: float = 0.9) -> Evaluate:
         def run(
-            changes: list[dict[str, Any]],
-            window_s: float,
-            errors: float = 0.0,
-            min_requests: int = 0,
+            changes: list[dict[str, Any]], window_s: float, errors: float = 0.0, *_: Any
         ) -> list[Trial]:
             asked.append(errors)
             attained = {1.0: longer, -1.0: shorter}.get(errors, 0.9)
@@ -407,9 +393,7 @@ def test_looks_that_find_nothing_space_out_until_a_target_is_newly_missed() -> N
         out = [record(t - 5 + 0.4 * i, 900.0) for i in range(10)]
         return [{**r, "e2e_ms": r["e2e_ms"] + extra_ms} for r in out]
 
-    def nothing_better(
-        changes: list[dict[str, Any]], window_s: float, errors: float = 0.0, min_requests: int = 0
-    ) -> list[Trial]:
+    def nothing_better(changes: list[dict[str, Any]], window_s: float, *_: Any) -> list[Trial]:
         looks.append(t)
         return fixed(0.5, 0.5)(changes, window_s)
 
@@ -431,9 +415,7 @@ def test_looks_while_the_targets_hold_space_out_too() -> None:
     knobs = Knobs(max_num_seqs=8)
     looks: list[float] = []
 
-    def nothing_better(
-        changes: list[dict[str, Any]], window_s: float, errors: float = 0.0, min_requests: int = 0
-    ) -> list[Trial]:
+    def nothing_better(changes: list[dict[str, Any]], window_s: float, *_: Any) -> list[Trial]:
         looks.append(t)
         return fixed(1.0, 1.0)(changes, window_s)
 
@@ -451,9 +433,7 @@ def missed(t: float) -> list[dict[str, Any]]:
 def predicting(attainment: dict[int, float], current: int) -> Any:
     """An evaluate whose predicted attainment depends on max_num_seqs alone (now `current`)."""
 
-    def run(
-        changes: list[dict[str, Any]], window_s: float, errors: float = 0.0, min_requests: int = 0
-    ) -> list[Trial]:
+    def run(changes: list[dict[str, Any]], window_s: float, *_: Any) -> list[Trial]:
         seqs = [c.get("max_num_seqs", current) for c in changes]
         return [
             Trial(c, {"ttft_p90_ms": 100.0}, 1.0, attainment.get(n, 0.0))
@@ -491,12 +471,7 @@ def test_when_nothing_attains_it_moves_only_to_drain_the_queue() -> None:
     pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50, min_gap_s=0.0, look_s=1.0))
 
     def hopeless(queue_at_end: dict[int, int]) -> Any:
-        def run(
-            changes: list[dict[str, Any]],
-            window_s: float,
-            errors: float = 0.0,
-            min_requests: int = 0,
-        ) -> list[Trial]:
+        def run(changes: list[dict[str, Any]], window_s: float, *_: Any) -> list[Trial]:
             out = []
             for c in changes:
                 n = c.get("max_num_seqs", 8)
@@ -564,9 +539,7 @@ def test_a_shift_to_long_prompts_weighs_a_smaller_chunk_first_once_the_twin_can(
     refusals = 2
     asked: list[tuple[float, dict[str, Any]]] = []
 
-    def twin(
-        changes: list[dict[str, Any]], window_s: float, errors: float = 0.0, min_requests: int = 0
-    ) -> list[Trial]:
+    def twin(changes: list[dict[str, Any]], window_s: float, *_: Any) -> list[Trial]:
         asked.append((t, changes[1] if len(changes) > 1 else {}))
         if len(asked) <= refusals:
             raise InvalidInput("not enough steps like this", "knobs")
@@ -604,9 +577,7 @@ def test_a_shift_that_needs_two_steps_takes_them_in_one_change() -> None:
     both = {"prefill_chunk_size": 256, "max_num_batched_tokens": 1024}
     predicted = {frozenset(both.items()): 0.9, frozenset({("prefill_chunk_size", 256)}): 0.7}
 
-    def twin(
-        changes: list[dict[str, Any]], window_s: float, errors: float = 0.0, min_requests: int = 0
-    ) -> list[Trial]:
+    def twin(changes: list[dict[str, Any]], window_s: float, *_: Any) -> list[Trial]:
         return [
             Trial(c, {"tpot_p90_ms": 50.0}, 1.0, predicted.get(frozenset(c.items()), 0.5))
             for c in changes
@@ -646,9 +617,7 @@ def test_longer_prompts_after_a_shift_seen_on_the_rate_are_looked_at_when_they_c
     asked: list[tuple[float, list[dict[str, Any]]]] = []
     chunk = {"prefill_chunk_size": 256}
 
-    def twin(
-        changes: list[dict[str, Any]], window_s: float, errors: float = 0.0, min_requests: int = 0
-    ) -> list[Trial]:
+    def twin(changes: list[dict[str, Any]], window_s: float, *_: Any) -> list[Trial]:
         asked.append((t, changes[1:]))
         return [Trial(c, {"tpot_p90_ms": 50.0}, 1.0, 0.9 if c == chunk else 0.5) for c in changes]
 
@@ -698,9 +667,7 @@ def test_settings_or_a_persons_change_while_the_twin_runs_stand() -> None:
     recent = [record(95 + 0.4 * i, 900.0) for i in range(10)]
     pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50))
 
-    def switched_off(
-        changes: list[dict[str, Any]], window_s: float, errors: float = 0.0, min_requests: int = 0
-    ) -> list[Trial]:
+    def switched_off(changes: list[dict[str, Any]], window_s: float, *_: Any) -> list[Trial]:
         pilot.configure(AutopilotSettings())
         return fixed(0.0, 0.9)(changes, window_s)
 
@@ -709,9 +676,7 @@ def test_settings_or_a_persons_change_while_the_twin_runs_stand() -> None:
 
     pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50))
 
-    def person(
-        changes: list[dict[str, Any]], window_s: float, errors: float = 0.0, min_requests: int = 0
-    ) -> list[Trial]:
+    def person(changes: list[dict[str, Any]], window_s: float, *_: Any) -> list[Trial]:
         pilot.person_changed(100.0, "dashboard")
         return fixed(0.9, 0.9)(changes, window_s)  # nothing to gain: the look would say "holding"
 
@@ -723,9 +688,7 @@ def test_too_few_steps_for_the_twin_waits_and_says_so() -> None:
     pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50))
     recent = [record(95 + 0.4 * i, 900.0) for i in range(10)]
 
-    def unfit(
-        changes: list[dict[str, Any]], window_s: float, errors: float = 0.0, min_requests: int = 0
-    ) -> list[Trial]:
+    def unfit(changes: list[dict[str, Any]], window_s: float, *_: Any) -> list[Trial]:
         raise InvalidInput("the live engine has seen too few steps: 12 of 40", "source")
 
     assert pilot.tick(100.0, Knobs(), recent, no_attribution, unfit) is None
