@@ -72,6 +72,17 @@ class Scheduler:
     def add(self, req: Request) -> None:
         self.waiting.append(req)
 
+    def resume(self, req: Request, computed: int) -> None:
+        """Run `req` with its first `computed` tokens already in KV blocks, as a running
+        request of the live engine enters its twin; it waits, to prefill again, when the
+        blocks are not there."""
+        if self.blocks.blocks_for(computed) > self.blocks.num_allocatable:
+            self.add(req)
+            return
+        self.blocks.allocate(req, computed)
+        req.num_computed_tokens = computed
+        self._run(req)
+
     @property
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running) + len(self.swapped)

@@ -136,7 +136,11 @@ class _Sim:
             size = min(max(1, item.prompt_len), self.setup.max_model_len - 1)
             first = (self.next + 1) * self.setup.max_model_len  # ids no other request has
             prompt = list(range(first, first + size))
-            self.scheduler.add(Request(prompt, params, f"sim-{self.next}", item.offset_s))
+            req = Request(prompt, params, f"sim-{self.next}", item.offset_s)
+            if item.computed:
+                self.scheduler.resume(req, min(item.computed, size - 1))
+            else:
+                self.scheduler.add(req)
             self.next += 1
             n += 1
         return n

@@ -10,6 +10,7 @@ class TraceItem:
     prompt_len: int
     output_len: int
     priority: int = 0  # SamplingParams.priority
+    computed: int = 0  # tokens already in KV: a request the live engine is running
 
 
 def trace_of(records: list[dict[str, Any]]) -> list[TraceItem]:

@@ -197,7 +197,7 @@ def test_a_live_whatif_changes_nothing_in_the_engine(dbs: Databases) -> None:
     assert out["source"] == "live" and out["current"]["knobs"] == knobs
     assert out["candidate"]["knobs"] == {**knobs, **body["knobs"]}
     assert out["fit"]["steps"] >= MIN_STEPS and out["requests"] > 0
-    assert any("re-prefill" in note for note in out["approximations"])
+    assert any("KV cache in place" in note for note in out["approximations"])
     # the load under way ran to its end, every request whole, under the knobs it started with
     assert all(o.finish_reason == "length" and len(o.token_ids) == 40 for o in finish(load))
     assert loop.summary()["knobs"] == knobs and loop.summary()["knobs_version"] == version

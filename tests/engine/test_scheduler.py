@@ -770,3 +770,20 @@ def test_waiting_behind_a_swapped_request_and_behind_a_preemption() -> None:
     out = step(sched)
     assert (ids(sched.swapped), ids(sched.waiting)) == (["C"], ["D"])
     assert out.blocked == "swapped"
+
+
+def test_a_resumed_request_decodes_on_with_its_kv_in_place() -> None:
+    """A live engine's running request entering its twin: all but its last token in KV, so its
+    first step is that one token, sampled; without the blocks it waits to prefill again."""
+    sched = make_scheduler(num_blocks=8)
+    req = Request([next(_tokens) for _ in range(21)], SamplingParams(max_tokens=3), "r")
+    sched.resume(req, 20)
+    assert req.status is Status.RUNNING and len(req.block_table) == 5
+    out = sched.schedule()
+    assert [(c.req, c.start, c.num_tokens, c.sample) for c in out.chunks] == [(req, 20, 1, True)]
+    complete(sched, out)
+    assert sched.schedule().chunks[0].num_tokens == 1  # a decode
+    late = Request([next(_tokens) for _ in range(21)], SamplingParams(max_tokens=3), "late")
+    sched.resume(late, 20)  # 6 blocks taken, 5 more needed of 8
+    assert late.status is Status.WAITING and list(sched.waiting) == [late]
+    assert late.num_computed_tokens == 0 and not late.block_table

@@ -28,8 +28,10 @@ def record(arrival: float, prompt_len: int, output_len: int, priority: int = 0) 
 
 def test_the_queue_enters_first_then_recent_arrivals_mirror_over_the_horizon() -> None:
     queued = [
-        QueuedRequest("running", NOW - 3.0, 20, 5, 12, 0),  # has output: re-prefills 25, 7 to go
+        # running with output: 25 tokens, all but the last in KV, 7 to go
+        QueuedRequest("running", NOW - 3.0, 20, 5, 12, 0),
         QueuedRequest("waiting", NOW - 2.0, 30, 0, 8, 0),  # no output yet: keeps its arrival
+        QueuedRequest("swapped", NOW - 30.0, 40, 2, 6, 0),  # prefills its 42 again, 4 to go
     ]
     recent = [
         record(NOW - 15.0, 7, 3),  # older than the 10 s window: left out
@@ -37,10 +39,14 @@ def test_the_queue_enters_first_then_recent_arrivals_mirror_over_the_horizon() -
         record(NOW - 4.0, 11, 0),  # ended before its first token: nothing to repeat
     ]
     trace = live_trace(queued, recent, NOW, window_s=10.0, horizon_s=25.0)
-    assert trace[:2] == [TraceItem(0.0, 25, 7), TraceItem(-2.0, 30, 8)]
+    assert trace[:3] == [
+        TraceItem(0.0, 25, 7, computed=24),
+        TraceItem(-2.0, 30, 8),
+        TraceItem(0.0, 42, 4),
+    ]
     # what arrived 2 s, 3 s (the queued ones, to max_tokens) and 9 s ago arrives again that
     # long from now, and 10 and 20 s later, up to the horizon
-    assert trace[2:] == [
+    assert trace[3:] == [
         TraceItem(2.0, 30, 8),
         TraceItem(3.0, 20, 12),
         TraceItem(9.0, 9, 4),
@@ -60,7 +66,7 @@ def test_priorities_go_with_the_requests_queued_and_mirrored() -> None:
     recent = [record(NOW - 4.0, 9, 4, priority=7), {**record(NOW - 5.0, 6, 2), "priority": None}]
     trace = live_trace(queued, recent, NOW, window_s=10.0, horizon_s=10.0)
     assert trace == [
-        TraceItem(0.0, 25, 7, 3),
+        TraceItem(0.0, 25, 7, 3, computed=24),
         TraceItem(-2.0, 30, 8, -1),
         TraceItem(1.0, 20, 12, 3),
         TraceItem(2.0, 30, 8, -1),

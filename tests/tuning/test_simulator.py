@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_attribution import EXPERTS, Cost, sim_setup
 
 from engine import LLMEngine, SamplingParams
 from engine.config import CacheConfig
@@ -161,3 +162,15 @@ def test_a_capacity_factor_drops_exactly_what_the_recorded_loads_would() -> None
     assert dropped > 0
     assert sim.dropped_pairs == dropped
     assert sim.routed_pairs == sum(int(np.sum(s["experts"]["counts"])) for s in steps)
+
+
+def test_a_request_with_its_kv_in_place_decodes_on_where_another_prefills_again() -> None:
+    """A live engine's running request (1500 tokens, all but the last in KV) takes one token's
+    step to its next token; the same request without its KV prefills 1500 tokens first."""
+    setup, knobs = sim_setup(16, 256), Knobs()
+    cost = Cost(2.0, per_prefill=0.01)
+    kept_kv = simulate([TraceItem(0.0, 1500, 4, computed=1499)], knobs, setup, cost, EXPERTS)
+    again = simulate([TraceItem(0.0, 1500, 4)], knobs, setup, cost, EXPERTS)
+    assert kept_kv.records[0].ttft_ms == pytest.approx(2.01)
+    assert kept_kv.num_steps == 4
+    assert again.records[0].ttft_ms == pytest.approx(3 * 2.0 + 15.0)  # three 512-token chunks
