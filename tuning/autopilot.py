@@ -71,9 +71,8 @@ class Evaluate(Protocol):
 
 
 Attribution = Callable[[], dict[str, Any] | None]
-Ask = Callable[
-    [list[dict[str, Any]], float], list[Trial]
-]  # Evaluate for one look: (changes, errors)
+# Evaluate for one look, its window and least requests fixed: (changes, errors)
+Ask = Callable[[list[dict[str, Any]], float], list[Trial]]
 Scored = tuple[float, float, Trial, Move]  # predicted gain, the gain needed, trial, move
 
 
