@@ -9,11 +9,12 @@ finds its own full blocks again, as it does in the engine.
 """
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import torch
 
+import stats
 from engine.config import Batching, CacheConfig
 from engine.ep.placement import Placement, gather_bytes, imbalance
 from engine.knobs import Knobs
@@ -52,6 +53,15 @@ class Setup:
     max_model_len: int
 
 
+class Cut(NamedTuple):
+    """How far a request still unfinished at the end got, in ms: its TTFT and TPOT so far (None
+    before its first and second token), and its time since arrival."""
+
+    ttft_ms: float | None
+    tpot_ms: float | None
+    waited_ms: float
+
+
 @dataclass
 class SimResult:
     records: list[RequestRecord]  # one per request that ended
@@ -66,6 +76,7 @@ class SimResult:
     outside: dict[str, int] = field(default_factory=dict)  # feature -> steps beyond it
     num_steps: int = 0
     end_s: float = 0.0  # the simulated clock at the end
+    cut: list[Cut] = field(default_factory=list)  # the unfinished requests, as far as they got
 
 
 def simulate(
@@ -82,6 +93,18 @@ def simulate(
     sim = _Sim(trace, knobs, setup, model, experts, keep_steps, t0)
     sim.run(horizon_s)
     return sim.result
+
+
+def cut_at(req: Request, now: float) -> Cut:
+    """How far `req` got by `now`."""
+    times = req.token_times
+    tpot = stats.tpot_span(times[0], times[-1], len(times)) if times else None
+    ttft = req.ttft_s
+    return Cut(
+        None if ttft is None else 1000 * ttft,
+        None if tpot is None else 1000 * tpot,
+        1000 * (now - req.arrival),
+    )
 
 
 class _Sim:
@@ -125,6 +148,7 @@ class _Sim:
         res.unfinished = sch.num_unfinished
         res.queue_at_end = len(sch.waiting)
         res.end_s = self.clock
+        res.cut = [cut_at(req, self.clock) for req in (*sch.running, *sch.swapped, *sch.waiting)]
 
     def _admit_arrivals(self) -> int:
         n = 0

@@ -76,7 +76,8 @@ def sim_outcome(result: SimResult) -> dict[str, Any]:
         result.dropped_pairs,
     )
     records = [r.model_dump() for r in result.records]
-    return {**outcome(records, totals), "unfinished": result.unfinished}
+    cut = [list(c) for c in result.cut]
+    return {**outcome(records, totals), "unfinished": result.unfinished, "cut_ms": cut}
 
 
 def refuse_outside(result: SimResult) -> None:

@@ -8,14 +8,17 @@ import numpy as np
 import pytest
 from test_attribution import EXPERTS, Cost, sim_setup
 
+import stats
 from engine import LLMEngine, SamplingParams
 from engine.config import CacheConfig
 from engine.ep.placement import Placement
 from engine.knobs import Knobs
 from tuning.experts import ExpertDraw, routing
 from tuning.features import capacity, kept
+from tuning.outcome import slo_scores
 from tuning.simulator import Setup, simulate
 from tuning.trace import TraceItem
+from tuning.whatif import sim_outcome
 
 MODEL = "synthetic:tiny"
 # small enough that requests queue for slots, chunk their prompts and get preempted
@@ -174,3 +177,26 @@ def test_a_request_with_its_kv_in_place_decodes_on_where_another_prefills_again(
     assert kept_kv.records[0].ttft_ms == pytest.approx(2.01)
     assert kept_kv.num_steps == 4
     assert again.records[0].ttft_ms == pytest.approx(3 * 2.0 + 15.0)  # three 512-token chunks
+
+
+def test_requests_cut_off_at_the_horizon_are_judged_as_far_as_they_got() -> None:
+    """One request decodes and another waits for the only slot: at a 50 ms horizon the first
+    counts by its TTFT and TPOT so far, the second only once its wait passed the TTFT
+    target, as a miss."""
+    setup, knobs = sim_setup(16, 256), Knobs(max_num_seqs=1)
+    trace = [TraceItem(0.0, 16, 100), TraceItem(0.01, 16, 100)]
+    result = simulate(trace, knobs, setup, Cost(2.0), EXPERTS, horizon_s=0.05)
+    assert result.unfinished == 2 and not result.records
+    decoding, waiting = result.cut
+    assert decoding.ttft_ms == pytest.approx(2.0) and decoding.tpot_ms == pytest.approx(2.0)
+    assert decoding.waited_ms == pytest.approx(1000 * result.end_s)
+    assert waiting.ttft_ms is None and waiting.tpot_ms is None
+    assert waiting.waited_ms == pytest.approx(1000 * result.end_s - 10)
+    out = sim_outcome(result)
+
+    def attainment(ttft: float, tpot: float) -> float | None:
+        return slo_scores(out, stats.SLO(ttft=ttft, tpot=tpot))["slo_attainment"]
+
+    assert attainment(100, 5) == 1.0  # the waiting one may yet make it: left out
+    assert attainment(30, 5) == 0.5  # it waited 40 ms, past a 30 ms target: a miss
+    assert attainment(100, 1) == 0.0  # the decoding one's 2 ms a token misses 1 ms
