@@ -205,6 +205,13 @@ def record(
     return q.recording(store, session)
 
 
+def run_attainment(records: list[dict[str, Any]], args: argparse.Namespace) -> float | None:
+    """SLO attainment of a whole run, each request by its own latencies (as
+    benchmarks/autopilot.py scores a phase)."""
+    slo = stats.SLO(ttft=args.ttft_ms, tpot=args.tpot_ms)
+    return stats.slo_attainment([(r["ttft_ms"], request_tpot_ms(r)) for r in records], slo)
+
+
 def mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
@@ -296,6 +303,11 @@ def render(args: argparse.Namespace, argv: list[str], out: dict[str, Any], wall:
         f"thread(s); targets p90 TTFT {args.ttft_ms:g} ms and TPOT {args.tpot_ms:g} ms",
         f"- Runs: defaults and candidate {args.changes}, {args.repeats} each, interleaved; a "
         f"look every {args.every:g} s from {args.skip:g} s, horizon {args.horizon:g} s",
+        "- Whole runs' SLO attainment, %, each request by its own latencies (as "
+        "`benchmarks/autopilot.py` scores a phase): "
+        + "; ".join(
+            f"{kind} {', '.join(pct(v) for v in values)}" for kind, values in out["whole"].items()
+        ),
         "",
         "SLO attainment, %, mean over the looks; error: twin - measured, mean (mean absolute); "
         "noise floor: |run - run| of the measured at the same look, mean; unfinished: the "
@@ -370,6 +382,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     started = time.perf_counter()
     looks: list[Look] = []
+    whole: dict[str, list[float | None]] = {kind: [] for kind in KINDS}
     with tempfile.TemporaryDirectory() as tmp:
         db = f"sqlite:///{Path(tmp) / 'live_twin.db'}"
         store = Store(db)
@@ -378,12 +391,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 kinds = KINDS if repeat % 2 == 0 else KINDS[::-1]
                 for kind in kinds:
                     knobs = args.changes if kind == "candidate" else {}
-                    recording = record(args, store, db, knobs)
-                    looks += look(kind, repeat, *recording, args)
+                    session, steps, records = record(args, store, db, knobs)
+                    looks += look(kind, repeat, session, steps, records, args)
+                    whole[kind].append(run_attainment(records, args))
                     print(f"{kind} run {repeat + 1} looked at", file=sys.stderr, flush=True)
         finally:
             store.close()
-    out = {"looks": [dataclasses.asdict(x) for x in looks], "summary": summarize(looks)}
+    looks_out = [dataclasses.asdict(x) for x in looks]
+    out = {"looks": looks_out, "whole": whole, "summary": summarize(looks)}
     publish(SECTION, render(args, argv, out, time.perf_counter() - started), results_path(args))
     return out
 
