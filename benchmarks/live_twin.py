@@ -68,7 +68,8 @@ KINDS = ("defaults", "candidate")
 @dataclasses.dataclass
 class Look:
     """One look at one run: per ask, the twin's and the measured attainment (0-1), the
-    requests each counted, and the twin's share of them unfinished at the horizon."""
+    requests each counted, the twin's share of them unfinished at the horizon, and the
+    (twin, measured) p90 TTFT and TPOT in ms."""
 
     kind: str
     repeat: int
@@ -79,6 +80,8 @@ class Look:
     simulated: dict[str, int]
     counted: dict[str, int]
     unfinished: dict[str, float]
+    ttft_p90: dict[str, tuple[float | None, float | None]]
+    tpot_p90: dict[str, tuple[float | None, float | None]]
 
 
 def queue_at(records: list[dict[str, Any]], t: float) -> list[QueuedRequest]:
@@ -126,12 +129,24 @@ def measured_after(
 ) -> tuple[float | None, int]:
     """SLO attainment of the requests in the engine at `t` and those arriving within
     `horizon_s` after it, counted from `t`; and how many they are."""
-    pairs = [
+    pairs = within(records, t, horizon_s)
+    return stats.slo_attainment(pairs, slo), len(pairs)
+
+
+def within(
+    records: list[dict[str, Any]], t: float, horizon_s: float
+) -> list[tuple[float | None, float | None]]:
+    """(TTFT, TPOT) from `t` of the requests in the engine at `t` and those arriving within
+    `horizon_s` after it."""
+    return [
         latencies_after(r, t)
         for r in records
         if r["finished_t"] > t and r["arrival"] <= t + horizon_s and r["output_len"]
     ]
-    return stats.slo_attainment(pairs, slo), len(pairs)
+
+
+def p90(values: list[float | None]) -> float | None:
+    return stats.percentile([v for v in values if v is not None], 90)
 
 
 def look(
@@ -162,7 +177,7 @@ def look(
         snapshot = QueueSnapshot(t, Knobs(**knobs), 0, [], queue_at(records, t))
         recent = [r for r in records if t - KEEP_S <= r["finished_t"] <= t]
         inputs = (session["config"], stacked(loads, top_k), stack(rows.rows()), recent, snapshot)
-        now = Look(kind, repeat, t_rel, {}, {}, {}, {}, {}, {})
+        now = Look(kind, repeat, t_rel, {}, {}, {}, {}, {}, {}, {}, {})
         for ask, (asked_s, least) in ASKS.items():
             window_s = min(asked_s, arrival_window(t_rel))  # a young server's, as the runner's
             horizon = stretched_horizon(snapshot.requests, recent, t, window_s, args.horizon, least)
@@ -180,6 +195,9 @@ def look(
             now.simulated[ask] = total
             now.unfinished[ask] = sim / total if total else 0.0
             now.measured[ask], now.counted[ask] = measured_after(records, t, horizon, slo)
+            pairs, sim_out = within(records, t, horizon), trial.outcome or {}
+            now.ttft_p90[ask] = (sim_out.get("ttft_p90_ms"), p90([a for a, _ in pairs]))
+            now.tpot_p90[ask] = (sim_out.get("tpot_p90_ms"), p90([b for _, b in pairs]))
             if kind == "defaults":
                 now.candidate[ask] = evaluate(twin, args.changes, slo, horizon).slo_attainment
         out.append(now)
@@ -261,6 +279,16 @@ def gains(looks: list[Look], ask: str) -> list[tuple[float, float]]:
     return out
 
 
+def means(pairs: list[tuple[float | None, float | None]]) -> str:
+    """`twin / measured`, each the mean over the pairs where both exist, in ms."""
+    both = [(a, b) for a, b in pairs if a is not None and b is not None]
+    if not both:
+        return "-"
+    return (
+        f"{statistics.fmean(a for a, _ in both):.0f} / {statistics.fmean(b for _, b in both):.0f}"
+    )
+
+
 def summarize(looks: list[Look]) -> dict[str, Any]:
     levels = {}
     for kind in KINDS:
@@ -276,6 +304,8 @@ def summarize(looks: list[Look]) -> dict[str, Any]:
                 "noise": noise_floor(looks, kind, ask),
                 "simulated": mean([float(x.simulated[ask]) for x in chosen]),
                 "unfinished": mean([x.unfinished[ask] for x in chosen]),
+                "ttft_p90": means([x.ttft_p90[ask] for x in chosen]),
+                "tpot_p90": means([x.tpot_p90[ask] for x in chosen]),
             }
     gain = {}
     for ask in ASKS:
@@ -311,17 +341,20 @@ def render(args: argparse.Namespace, argv: list[str], out: dict[str, Any], wall:
         "",
         "SLO attainment, %, mean over the looks; error: twin - measured, mean (mean absolute); "
         "noise floor: |run - run| of the measured at the same look, mean; unfinished: the "
-        "twin's requests still running or waiting at the horizon (`tuning.outcome.judged`):",
+        "twin's requests still running or waiting at the horizon (`tuning.outcome.judged`); "
+        "p90s: twin / measured, ms, mean over the looks (the twin's of the requests that "
+        "ended within its horizon):",
         "",
-        "| runs | asked | looks | requests | twin | measured | error | noise floor | unfinished |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| runs | asked | looks | requests | twin | measured | error | noise floor | "
+        "unfinished | p90 TTFT | p90 TPOT |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, v in out["summary"]["levels"].items():
         kind, ask = name.split("/")
         lines.append(
             f"| {kind} | {ask} | {v['looks']} | {v['simulated'] or 0:.0f} | {pct(v['twin'])} "
             f"| {pct(v['measured'])} | {pct(v['bias'], True)} ({pct(v['error'])}) | "
-            f"{pct(v['noise'])} | {pct(v['unfinished'])} |"
+            f"{pct(v['noise'])} | {pct(v['unfinished'])} | {v['ttft_p90']} | {v['tpot_p90']} |"
         )
     lines += [
         "",
