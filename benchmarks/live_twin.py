@@ -47,7 +47,7 @@ from engine.knobs import Knobs
 from engine.queue_snapshot import QueuedRequest, QueueSnapshot
 from storage import Store
 from storage import queries as q
-from tuning.autopilot import MIN_SIMULATED
+from tuning.autopilot import MIN_SIMULATED, Measured, simulated
 from tuning.cost_model import knobs_after, stack
 from tuning.experts import routed, stacked
 from tuning.fit_rows import FitRows
@@ -68,7 +68,7 @@ KINDS = ("defaults", "candidate")
 @dataclasses.dataclass
 class Look:
     """One look at one run: per ask, the twin's and the measured attainment (0-1), the
-    requests each counted, the twin's share of them unfinished at the horizon, and the
+    requests the twin simulated and its share of them unfinished at the horizon, and the
     (twin, measured) p90 TTFT and TPOT in ms."""
 
     kind: str
@@ -78,7 +78,6 @@ class Look:
     candidate: dict[str, float | None]  # the twin's for the candidate (in a defaults run)
     measured: dict[str, float | None]
     simulated: dict[str, int]
-    counted: dict[str, int]
     unfinished: dict[str, float]
     ttft_p90: dict[str, tuple[float | None, float | None]]
     tpot_p90: dict[str, tuple[float | None, float | None]]
@@ -124,15 +123,6 @@ def latencies_after(r: dict[str, Any], t: float) -> tuple[float | None, float | 
     return gap, gap
 
 
-def measured_after(
-    records: list[dict[str, Any]], t: float, horizon_s: float, slo: stats.SLO
-) -> tuple[float | None, int]:
-    """SLO attainment of the requests in the engine at `t` and those arriving within
-    `horizon_s` after it, counted from `t`; and how many they are."""
-    pairs = within(records, t, horizon_s)
-    return stats.slo_attainment(pairs, slo), len(pairs)
-
-
 def within(
     records: list[dict[str, Any]], t: float, horizon_s: float
 ) -> list[tuple[float | None, float | None]]:
@@ -159,7 +149,6 @@ def look(
 ) -> list[Look]:
     """Every look at one recorded run, its steps fed in time order as a live window takes
     them."""
-    slo = stats.SLO(ttft=args.ttft_ms, tpot=args.tpot_ms)
     t0 = min(r["arrival"] for r in records)
     top_k = session["config"]["model_config"]["top_k"]
     knobs: dict[str, Any] = dict(session["knobs"])
@@ -177,29 +166,29 @@ def look(
         snapshot = QueueSnapshot(t, Knobs(**knobs), 0, [], queue_at(records, t))
         recent = [r for r in records if t - KEEP_S <= r["finished_t"] <= t]
         inputs = (session["config"], stacked(loads, top_k), stack(rows.rows()), recent, snapshot)
-        now = Look(kind, repeat, t_rel, {}, {}, {}, {}, {}, {}, {}, {})
+        now = Look(kind, repeat, t_rel, {}, {}, {}, {}, {}, {}, {})
         for ask, (asked_s, least) in ASKS.items():
             window_s = min(asked_s, arrival_window(t_rel))  # a young server's, as the runner's
             horizon = stretched_horizon(snapshot.requests, recent, t, window_s, args.horizon, least)
             twin, _ = twin_from_live(*inputs, window_s, horizon)
-            if ask == REAL:
+            if ask == REAL:  # the records come in arrival order (storage.queries.requests)
                 twin.trace += [
                     TraceItem(r["arrival"] - t, r["prompt_len"], r["output_len"], r["priority"])
-                    for r in sorted(records, key=lambda r: r["arrival"])
+                    for r in records
                     if t < r["arrival"] <= t + horizon and r["output_len"]
                 ]
-            trial = evaluate(twin, {}, slo, horizon)
-            sim = (trial.outcome or {}).get("unfinished", 0)
-            total = len((trial.outcome or {}).get("latencies_ms", [])) + sim
+            trial = evaluate(twin, {}, args.slo, horizon)
+            sim_out, total = trial.outcome or {}, simulated(trial)
             now.twin[ask] = trial.slo_attainment
             now.simulated[ask] = total
-            now.unfinished[ask] = sim / total if total else 0.0
-            now.measured[ask], now.counted[ask] = measured_after(records, t, horizon, slo)
-            pairs, sim_out = within(records, t, horizon), trial.outcome or {}
+            now.unfinished[ask] = sim_out.get("unfinished", 0) / total if total else 0.0
+            pairs = within(records, t, horizon)
+            now.measured[ask] = stats.slo_attainment(pairs, args.slo)
             now.ttft_p90[ask] = (sim_out.get("ttft_p90_ms"), p90([a for a, _ in pairs]))
             now.tpot_p90[ask] = (sim_out.get("tpot_p90_ms"), p90([b for _, b in pairs]))
             if kind == "defaults":
-                now.candidate[ask] = evaluate(twin, args.changes, slo, horizon).slo_attainment
+                candidate = evaluate(twin, args.changes, args.slo, horizon)
+                now.candidate[ask] = candidate.slo_attainment
         out.append(now)
         t_rel += args.every
     return out
@@ -221,13 +210,6 @@ def record(
             raise RuntimeError(f"{summary['errors']} requests failed")
         session = wait_recorded(client, summary["ok"])
     return q.recording(store, session)
-
-
-def run_attainment(records: list[dict[str, Any]], args: argparse.Namespace) -> float | None:
-    """SLO attainment of a whole run, each request by its own latencies (as
-    benchmarks/autopilot.py scores a phase)."""
-    slo = stats.SLO(ttft=args.ttft_ms, tpot=args.tpot_ms)
-    return stats.slo_attainment([(r["ttft_ms"], request_tpot_ms(r)) for r in records], slo)
 
 
 def mean(values: list[float]) -> float | None:
@@ -407,6 +389,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             4.0,
         )
     args.changes = parse_changes(args.candidate)
+    args.slo = stats.SLO(ttft=args.ttft_ms, tpot=args.tpot_ms)
     return args
 
 
@@ -426,7 +409,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     knobs = args.changes if kind == "candidate" else {}
                     session, steps, records = record(args, store, db, knobs)
                     looks += look(kind, repeat, session, steps, records, args)
-                    whole[kind].append(run_attainment(records, args))
+                    whole[kind].append(Measured.of(records, args.slo).attainment)
                     print(f"{kind} run {repeat + 1} looked at", file=sys.stderr, flush=True)
         finally:
             store.close()
