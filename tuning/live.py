@@ -1,6 +1,7 @@
 """The live twin: the cost model fitted from the engine's recent steps, and a trace that starts
 from the queue as it stands and repeats the recent arrivals over the horizon."""
 
+import itertools
 import math
 from typing import Any
 
@@ -100,9 +101,7 @@ def _over_horizon(
     """The arrivals in `pattern` ((seconds ago, prompt, output, priority)) laid over the
     horizon at the window's rate. A window no longer than the horizon repeats: one that
     arrived x s ago arrives again x s from now and every `window_s` after. A longer one is
-    squeezed in: x s ago comes x * horizon / window s from now, and only an evenly spaced
-    horizon / window of the arrivals (in time order) are kept, so the lengths of the whole
-    window count, not only those of its last `horizon_s`."""
+    squeezed in (`_squeezed`)."""
     if window_s <= 0:
         return []
     if window_s <= horizon_s:
@@ -112,13 +111,30 @@ def _over_horizon(
             for ago, p, n, pr in pattern
             if 0 <= (offset := ago + k * window_s) <= horizon_s
         ]
+    return _squeezed(sorted(pattern), window_s, horizon_s)
+
+
+def _squeezed(
+    pattern: list[tuple[float, int, int, int]], window_s: float, horizon_s: float
+) -> list[TraceItem]:
+    """An evenly spaced horizon / window share of the arrivals in `pattern` (newest first),
+    so the lengths of the whole window count, not only those of its last `horizon_s`. The
+    first comes as long from now as the newest arrived ago, and each is followed by the gap
+    that followed it back in the window, all scaled to span the horizon (the window's rate).
+    Keeping a request's own gap keeps the arrivals bunched as they came: squeezing their
+    times instead spaced them evenly, and the twin's p90 TPOT under a 2048-token budget was
+    25 ms against 34 measured, under-rating what a smaller budget gains."""
     share = horizon_s / window_s
+    ages = [ago for ago, *_ in pattern] + [window_s]
     # the i-th arrival is kept when the running count i * share, rounded, steps up at it
-    return [
-        TraceItem(ago * share, p, n, pr)
-        for i, (ago, p, n, pr) in enumerate(sorted(pattern))
+    kept = [
+        i
+        for i in range(len(pattern))
         if math.floor((i + 1) * share + 0.5) > math.floor(i * share + 0.5)
     ]
+    offsets = list(itertools.accumulate((ages[i + 1] - ages[i] for i in kept), initial=ages[0]))
+    scale = horizon_s / max(offsets[-1], 1e-9)
+    return [TraceItem(offsets[k] * scale, *pattern[i][1:]) for k, i in enumerate(kept)]
 
 
 def twin_from_live(
@@ -181,6 +197,7 @@ def _mirror_text(window_s: float, horizon_s: float) -> str:
         )
     share = horizon_s / window_s
     return (
-        f"squeezed into the horizon at the same rate: a request that arrived x s ago arrives "
-        f"again {share:.2g}x s from now, and an evenly spaced {share:.0%} of them are kept"
+        f"squeezed into the horizon at the same rate: an evenly spaced {share:.0%} of them "
+        "arrive again, newest first, each followed by the gap that followed it back in the "
+        "window (scaled to span the horizon), so they bunch as they came"
     )

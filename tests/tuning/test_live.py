@@ -76,17 +76,29 @@ def test_priorities_go_with_the_requests_queued_and_mirrored() -> None:
 
 
 def test_a_window_longer_than_the_horizon_is_squeezed_into_it_at_its_rate() -> None:
-    # 12 arrivals over the last 20 s, prompt length = seconds ago; a 5 s horizon holds a
-    # quarter of them, evenly spaced over the whole window, at a quarter of their age
+    # 16 arrivals over the last 20 s, prompt length = seconds ago; a 5 s horizon holds a
+    # quarter of them, evenly spaced over the whole window (2, 6, 10 and 16 s ago): the first
+    # as long from now as the newest arrived ago (1 s), each then followed by its own gap back
+    # in the window (1, 1, 1, 2 s), scaled by 5 / 6 to span the horizon
     recent = [record(NOW - ago, ago, 4) for ago in range(1, 13)]
     recent += [record(NOW - ago, ago, 4) for ago in (14, 16, 18, 20)]
     trace = live_trace([], recent, NOW, window_s=20.0, horizon_s=5.0)
-    assert [(t.offset_s, t.prompt_len) for t in trace] == [
-        (0.5, 2),
-        (1.5, 6),
-        (2.5, 10),
-        (4.0, 16),
-    ]
+    assert [t.prompt_len for t in trace] == [2, 6, 10, 16]
+    assert [t.offset_s for t in trace] == pytest.approx([x * 5 / 6 for x in (1, 2, 3, 4)])
+
+
+def test_squeezed_arrivals_stay_bunched_as_they_came() -> None:
+    # pairs 0.1-0.2 s apart among longer gaps; half of them kept, every other in time order
+    ages = [0.5, 0.6, 3.0, 3.2, 8.0, 10.0, 11.0, 11.1, 15.0, 19.3]
+    recent = [record(NOW - ago, i, 4) for i, ago in enumerate(ages)]
+    trace = live_trace([], recent, NOW, window_s=20.0, horizon_s=10.0)
+    assert [t.prompt_len for t in trace] == [0, 2, 4, 6, 8]
+    # from 0.5 s on, the kept ones' own gaps 0.1, 0.2, 2.0, 0.1 (and 4.3 after the last),
+    # scaled by 10 / 7.2 so that the five span the horizon
+    scale = 10 / 7.2
+    assert [t.offset_s for t in trace] == pytest.approx(
+        [x * scale for x in (0.5, 0.6, 0.8, 2.8, 2.9)]
+    )
 
 
 def test_a_horizon_too_short_for_enough_requests_stretches_until_it_holds_them() -> None:
