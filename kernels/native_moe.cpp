@@ -3,7 +3,7 @@
 // y[rows of e] = x[rows of e] @ W[e] for every expert e with rows. W is packed as
 // [E][N / NB][K][NB] (N padded to a multiple of NB), so one tile of work, an (expert, column
 // block) pair, reads its weights as one contiguous stream. Decode routes a few rows to each
-// expert, so the step is bound by reading the weights once: each tile keeps up to 8 rows' sums
+// expert, so the step is bound by reading the weights once: each tile keeps up to MB rows' sums
 // in registers while its weights stream past, and the threads split the tiles, not each
 // expert's GEMM, so they meet once per call rather than once per expert. Rows and sums are
 // float32; weights float32 or bfloat16 (widened as they are read: half the bytes to stream).
@@ -15,49 +15,58 @@
 
 namespace {
 
-constexpr int V = 2;        // 16-float vectors a tile's row spans
-constexpr int NB = 16 * V;  // columns a tile
-constexpr int MB = 8;       // rows a tile keeps in registers (16 accumulators)
-typedef float v16 __attribute__((vector_size(64)));
-typedef uint16_t h16 __attribute__((vector_size(32)));
-typedef uint32_t u16 __attribute__((vector_size(64)));
+// One hardware vector of L floats. GCC lowers a wider generic vector into narrower ones but
+// keeps its values in memory between the pieces, so a 16-float vector without AVX-512 made
+// the kernel 10-30x slower than torch (benchmarks/RESULTS.md, "MoE layer").
+#ifdef __AVX512F__
+constexpr int L = 16;
+constexpr int MB = 8;  // rows a tile keeps in registers: 16 sums in AVX-512's 32 zmm
+#else
+constexpr int L = 8;
+constexpr int MB = 3;  // 12 sums and 4 weight vectors fill AVX2's 16 ymm
+#endif
+constexpr int NB = 32;      // columns a tile (the packing's block, the same on every CPU)
+constexpr int V = NB / L;   // vectors a tile's row spans
+typedef float vf __attribute__((vector_size(4 * L)));
+typedef uint16_t vh __attribute__((vector_size(2 * L)));
+typedef uint32_t vu __attribute__((vector_size(4 * L)));
 
-inline v16 vec(const float* p) {
-  v16 v;
-  std::memcpy(&v, p, 64);
+inline vf vec(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof v);
   return v;
 }
-inline v16 vec(const uint16_t* p) {
-  h16 h;
-  std::memcpy(&h, p, 32);
-  u16 bits = __builtin_convertvector(h, u16) << 16;
-  v16 v;
-  std::memcpy(&v, &bits, 64);
+inline vf vec(const uint16_t* p) {
+  vh h;
+  std::memcpy(&h, p, sizeof h);
+  vu bits = __builtin_convertvector(h, vu) << 16;
+  vf v;
+  std::memcpy(&v, &bits, sizeof v);
   return v;
 }
 
 // e^x to a few float ulps: 2^n e^r with n = round(x / ln 2), |r| <= ln 2 / 2, and Cephes'
 // polynomial for e^r. x is clamped to where 2^n stays a normal float's scale.
-inline v16 exp16(v16 x) {
-  const v16 lo = v16{} - 87.3f, hi = v16{} + 88.3f, shift = v16{} + 12582912.0f;  // 1.5 * 2^23
+inline vf expv(vf x) {
+  const vf lo = vf{} - 87.3f, hi = vf{} + 88.3f, shift = vf{} + 12582912.0f;  // 1.5 * 2^23
   x = x < lo ? lo : x;
   x = x > hi ? hi : x;
-  const v16 t = x * 1.44269504f + shift;  // n in t's low mantissa bits, rounded to nearest
-  const v16 n = t - shift;
-  const v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  v16 p = v16{} + 1.9875691500e-4f;
+  const vf t = x * 1.44269504f + shift;  // n in t's low mantissa bits, rounded to nearest
+  const vf n = t - shift;
+  const vf r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  vf p = vf{} + 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  const v16 e = p * r * r + r + 1.0f;
-  u16 tb, eb;
-  std::memcpy(&tb, &t, 64);
-  std::memcpy(&eb, &e, 64);
+  const vf e = p * r * r + r + 1.0f;
+  vu tb, eb;
+  std::memcpy(&tb, &t, sizeof t);
+  std::memcpy(&eb, &e, sizeof e);
   eb += (tb - 0x4B400000u) << 23;
-  v16 out;
-  std::memcpy(&out, &eb, 64);
+  vf out;
+  std::memcpy(&out, &eb, sizeof out);
   return out;
 }
 
@@ -75,19 +84,19 @@ struct Wide {  // T float32 or bfloat16 weights, widened to float32 as read
   }
   template <int M>
   static void tile(const X* x, const W* w, int64_t D, float* acc) {
-    v16 a[M][V];
+    vf a[M][V];
     for (int m = 0; m < M; ++m)
-      for (int v = 0; v < V; ++v) a[m][v] = v16{};
+      for (int v = 0; v < V; ++v) a[m][v] = vf{};
     for (int64_t k = 0; k < D; ++k) {
-      v16 wv[V];
-      for (int v = 0; v < V; ++v) wv[v] = vec(w + k * NB + 16 * v);
+      vf wv[V];
+      for (int v = 0; v < V; ++v) wv[v] = vec(w + k * NB + L * v);
       for (int m = 0; m < M; ++m) {
         const float s = x[k * MB + m];
         for (int v = 0; v < V; ++v) a[m][v] += s * wv[v];
       }
     }
     for (int m = 0; m < M; ++m)
-      for (int v = 0; v < V; ++v) std::memcpy(acc + m * NB + 16 * v, &a[m][v], 64);
+      for (int v = 0; v < V; ++v) std::memcpy(acc + m * NB + L * v, &a[m][v], sizeof a[m][v]);
   }
 };
 
@@ -113,7 +122,7 @@ struct Bf16Pairs {
   }
   template <int M>
   static void tile(const X* x, const W* w, int64_t D, float* acc) {
-    static_assert(V == 2, "a tile is two vectors of 16 columns");
+    static_assert(L == 16 && V == 2, "a tile is two vectors of 16 columns");
     __m512 a[M][2];
     for (int m = 0; m < M; ++m) a[m][0] = a[m][1] = _mm512_setzero_ps();
     for (int64_t d = 0; d < D; ++d) {
@@ -136,22 +145,16 @@ using Bf16 = Bf16Pairs;
 using Bf16 = Wide<uint16_t>;
 #endif
 
-template <typename P>
+// M is the rows at most: a group's last tile may hold fewer than MB.
+template <typename P, int M = MB>
 void tile_rows(const typename P::X* x, const typename P::W* w, int64_t D, int mb, float* acc) {
-  switch (mb) {
-    case 1: return P::template tile<1>(x, w, D, acc);
-    case 2: return P::template tile<2>(x, w, D, acc);
-    case 3: return P::template tile<3>(x, w, D, acc);
-    case 4: return P::template tile<4>(x, w, D, acc);
-    case 5: return P::template tile<5>(x, w, D, acc);
-    case 6: return P::template tile<6>(x, w, D, acc);
-    case 7: return P::template tile<7>(x, w, D, acc);
-    default: return P::template tile<8>(x, w, D, acc);
-  }
+  if constexpr (M > 1)
+    if (mb < M) return tile_rows<P, M - 1>(x, w, D, mb, acc);
+  P::template tile<M>(x, w, D, acc);
 }
 
 // Rows m0.. of one tile's sums acc [mb][NB] into y (row stride N), columns j * NB.. of them.
-// GateUp: the block's two vectors are 16 gate and the same 16 up columns, and y gets
+// GateUp: the block's columns are 16 gate and the same 16 up columns, and y gets
 // SiLU(gate) * up, 16 columns a block.
 template <bool GateUp>
 inline void write(const float* acc, int mb, float* y, int64_t N, int64_t j) {
@@ -163,9 +166,13 @@ inline void write(const float* acc, int mb, float* y, int64_t N, int64_t j) {
       std::memcpy(dst, acc + m * NB, cols * 4);
       continue;
     }
-    const v16 gate = vec(acc + m * NB), up = vec(acc + m * NB + 16);
-    const v16 h = gate / (1.0f + exp16(-gate)) * up;
-    std::memcpy(dst, &h, cols * 4);
+    float h[16];
+    for (int c = 0; c < 16; c += L) {
+      const vf gate = vec(acc + m * NB + c), up = vec(acc + m * NB + 16 + c);
+      const vf out = gate / (1.0f + expv(-gate)) * up;
+      std::memcpy(h + c, &out, sizeof out);
+    }
+    std::memcpy(dst, h, cols * 4);
   }
 }
 

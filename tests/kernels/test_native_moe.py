@@ -34,7 +34,8 @@ def per_expert(x: torch.Tensor, w: torch.Tensor, rows: list[int]) -> torch.Tenso
     )
 
 
-# rows per expert (empty ones, one over a tile's 8 rows), K, N (not whole 32-column blocks)
+# rows per expert (empty ones, more than a tile's rows: 3 with AVX2, 8 with AVX-512), K, N (not
+# whole 32-column blocks)
 @pytest.mark.parametrize(
     "rows,k,n",
     [([3, 0, 1, 19], 40, 72), ([0, 0, 9], 7, 33), ([1], 512, 31), ([8, 16, 0, 2, 5], 64, 96)],
