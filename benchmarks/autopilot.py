@@ -305,6 +305,7 @@ def summarize(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
     }
     return {
         "median_attainment": med,
+        "room": 100.0 - med["defaults"],
         "long_phase": {
             k: statistics.median(r["phases"][2]["attainment"] or 0.0 for r in v)
             for k, v in by.items()
@@ -377,11 +378,23 @@ def render(args: argparse.Namespace, argv: list[str], out: dict[str, Any], total
         "",
         TARGETS["vs_static"].line(v["vs_static"], f"{v['vs_static']:+.1f} points"),
         TARGETS["vs_defaults"].line(v["vs_defaults"], f"{v['vs_defaults']:+.1f} points"),
+        room_line(out["summary"]),
         TARGETS["settle"].line(v["settle"], f"{v['settle']:.1f} s"),
         TARGETS["rate"].line(v["rate"], f"{v['rate']:.1f}"),
         TARGETS["cpu"].line(v["cpu"], f"{v['cpu']:.2f}%"),
     ]
     return "\n".join(lines)
+
+
+def room_line(summary: dict[str, Any]) -> str:
+    """How far above the defaults any run could reach on this trace, and how far the best
+    static setting reached: a target beyond the room cannot be met by any controller."""
+    med = summary["median_attainment"]
+    return (
+        f"  - room above the defaults on this trace: {summary['room']:.1f} points (100 minus "
+        f"their {med['defaults']:.1f}%); the best static setting took "
+        f"{med['static'] - med['defaults']:+.1f} of it"
+    )
 
 
 def pilot_lines(kind: str, pilots: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:

@@ -22,6 +22,9 @@ def test_quick_run_scores_every_kind_of_run(tmp_path: Path) -> None:
     text = results.read_text()
     assert all(text.count(m) == 1 for m in markers(bench.SECTION))
     assert text.count("[met]") + text.count("[MISSED]") == len(bench.TARGETS)
+    med = out["summary"]["median_attainment"]
+    assert out["summary"]["room"] == pytest.approx(100 - med["defaults"])
+    assert f"room above the defaults on this trace: {out['summary']['room']:.1f} points" in text
     assert "- run 1:" in text  # the autopilot's changes, each with its reason
     fitted, cold = out["runs"][2:]
     assert fitted["fit_from"]["session"] == out["runs"][0]["session"]
