@@ -9,10 +9,10 @@ at it (`api/autopilot_runner.live_trials`), rebuilt from the recording at that m
   spread evenly between their first token and their end) or waiting for a first token;
 - the requests that had ended in the server's live window (KEEP_S), the cost model's rows of
   every step before (`FitRows`) and the expert loads of the last FIT_STEPS;
-- `tuning.live.twin_from_live` over `--horizon` s, asked as each ASKS says: repeating the last
-  20 s of arrivals (an ordinary look) or the last 5 s with the horizon stretched for
-  MIN_SIMULATED requests (a shift's look); and, to tell the mirrored arrivals' error from the
-  simulation's, with the arrivals that really came within the horizon.
+- `tuning.live.twin_from_live` over `--horizon` s, asked as each ASKS says: the arrivals of
+  the last 20 s (an ordinary look) or the last 5 s with the horizon stretched for
+  MIN_SIMULATED requests (a shift's look) laid over it as `tuning.live` does; and, to tell
+  their error from the simulation's, with the arrivals that really came within the horizon.
 The twin's SLO attainment for the run's own knobs is set against the measured one of the
 same requests (those in the engine at the look and those arriving within the horizon),
 counted as the twin counts them: a request running at the look by the TTFT and TPOT of its
@@ -60,7 +60,7 @@ from tuning.tune import evaluate
 SECTION = "live_twin"
 KEEP_S = 70.0  # the ended requests a server's live window keeps (api/app.py)
 ORDINARY, SHIFT, REAL = "ordinary look", "shift's look", "real arrivals"
-# ask -> (seconds of arrivals repeated, requests the horizon stretches for); REAL repeats none
+# ask -> (seconds of arrivals laid over the horizon, requests it stretches for); REAL lays none
 ASKS = {ORDINARY: (20.0, 0), SHIFT: (SHIFT_S, MIN_SIMULATED), REAL: (0.0, 0)}
 KINDS = ("defaults", "candidate")
 

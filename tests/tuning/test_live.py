@@ -1,4 +1,7 @@
-"""The live twin's trace and knobs: the queue as it stands, then the recent arrivals mirrored."""
+"""The live twin's trace and knobs: the queue as it stands, then the recent arrivals laid over the
+horizon."""
+
+import math
 
 import pytest
 
@@ -26,7 +29,7 @@ def record(arrival: float, prompt_len: int, output_len: int, priority: int = 0) 
     }
 
 
-def test_the_queue_enters_first_then_recent_arrivals_mirror_over_the_horizon() -> None:
+def test_the_queue_enters_first_then_arrivals_drawn_like_the_recent_ones() -> None:
     queued = [
         # running with output: 25 tokens, all but the last in KV, 7 to go
         QueuedRequest("running", NOW - 3.0, 20, 5, 12, 0),
@@ -44,35 +47,42 @@ def test_the_queue_enters_first_then_recent_arrivals_mirror_over_the_horizon() -
         TraceItem(-2.0, 30, 8),
         TraceItem(0.0, 42, 4),
     ]
-    # what arrived 2 s, 3 s (the queued ones, to max_tokens) and 9 s ago arrives again that
-    # long from now, and 10 and 20 s later, up to the horizon
-    assert trace[3:] == [
-        TraceItem(2.0, 30, 8),
-        TraceItem(3.0, 20, 12),
-        TraceItem(9.0, 9, 4),
-        TraceItem(12.0, 30, 8),
-        TraceItem(13.0, 20, 12),
-        TraceItem(19.0, 9, 4),
-        TraceItem(22.0, 30, 8),
-        TraceItem(23.0, 20, 12),
-    ]
+    # then copies of what arrived 2 s, 3 s (the queued ones, to max_tokens) and 9 s ago, in
+    # time order within the horizon; the same at the same moment
+    future = trace[3:]
+    assert future
+    assert {(t.prompt_len, t.output_len) for t in future} <= {(30, 8), (20, 12), (9, 4)}
+    offsets = [t.offset_s for t in future]
+    assert offsets == sorted(offsets) and offsets[0] >= 0 and offsets[-1] <= 25.0
+    assert live_trace(queued, recent, NOW, 10.0, 25.0) == trace
 
 
-def test_priorities_go_with_the_requests_queued_and_mirrored() -> None:
+def test_drawn_arrivals_come_at_the_windows_rate_and_bunch_as_poisson_arrivals_do() -> None:
+    # 4 arrivals in the last 10 s, evenly spaced: 0.4 a second, drawn over a long horizon
+    recent = [record(NOW - ago, ago, 4) for ago in (1.5, 4.0, 6.5, 9.0)]
+    horizon = 10_000.0
+    future = live_trace([], recent, NOW, window_s=10.0, horizon_s=horizon)
+    assert len(future) == pytest.approx(0.4 * horizon, rel=0.05)
+    # each recent arrival as often as the others
+    for ago in (1.5, 4.0, 6.5, 9.0):
+        assert sum(t.prompt_len == ago for t in future) == pytest.approx(len(future) / 4, rel=0.1)
+    # exponential gaps: a fifth of them shorter than a quarter of the mean (1 - e^-0.25),
+    # where the window's own were all 2.5 s apart
+    gaps = [b.offset_s - a.offset_s for a, b in zip(future, future[1:], strict=False)]
+    short = sum(g < 0.25 * 2.5 for g in gaps) / len(gaps)
+    assert short == pytest.approx(1 - math.exp(-0.25), abs=0.03)
+
+
+def test_priorities_go_with_the_requests_queued_and_drawn() -> None:
     queued = [
         QueuedRequest("running", NOW - 1.0, 20, 5, 12, 3),
         QueuedRequest("waiting", NOW - 2.0, 30, 0, 8, -1),
     ]
     recent = [record(NOW - 4.0, 9, 4, priority=7), {**record(NOW - 5.0, 6, 2), "priority": None}]
-    trace = live_trace(queued, recent, NOW, window_s=10.0, horizon_s=10.0)
-    assert trace == [
-        TraceItem(0.0, 25, 7, 3, computed=24),
-        TraceItem(-2.0, 30, 8, -1),
-        TraceItem(1.0, 20, 12, 3),
-        TraceItem(2.0, 30, 8, -1),
-        TraceItem(4.0, 9, 4, 7),
-        TraceItem(5.0, 6, 2, 0),  # a record from before priorities: 0
-    ]
+    trace = live_trace(queued, recent, NOW, window_s=10.0, horizon_s=200.0)
+    assert trace[:2] == [TraceItem(0.0, 25, 7, 3, computed=24), TraceItem(-2.0, 30, 8, -1)]
+    # a record from before priorities: 0
+    assert {(t.prompt_len, t.priority) for t in trace[2:]} == {(20, 3), (30, -1), (9, 7), (6, 0)}
 
 
 def test_a_window_longer_than_the_horizon_is_squeezed_into_it_at_its_rate() -> None:
@@ -108,8 +118,6 @@ def test_a_horizon_too_short_for_enough_requests_stretches_until_it_holds_them()
     recent = [record(NOW - ago, 50, 4) for ago in range(2, 10)]
     horizon = stretched_horizon(queued, recent, NOW, 10.0, 10.0, least)
     assert horizon == pytest.approx((least - 4) * 10.0 / 12)
-    held = len(live_trace(queued, recent, NOW, 10.0, 10.0))
-    assert held < least <= len(live_trace(queued, recent, NOW, 10.0, horizon))
     # none asked for, or enough already: as asked; a trickle: at most MAX_STRETCH times; nothing
     # to repeat: as asked
     assert stretched_horizon(queued, recent, NOW, 10.0, 10.0, 0) == 10.0
