@@ -2,6 +2,7 @@
 horizon."""
 
 import math
+import statistics
 
 import pytest
 
@@ -118,6 +119,16 @@ def test_a_horizon_too_short_for_enough_requests_stretches_until_it_holds_them()
     recent = [record(NOW - ago, 50, 4) for ago in range(2, 10)]
     horizon = stretched_horizon(queued, recent, NOW, 10.0, 10.0, least)
     assert horizon == pytest.approx((least - 4) * 10.0 / 12)
+    assert len(live_trace(queued, recent, NOW, 10.0, 10.0)) < least
+    # stretched past the window, its arrivals are drawn: they hold `least` on average over
+    # looks (each look's draw seeded by its own moment)
+    held = []
+    for k in range(400):
+        now = NOW + 0.37 * k
+        moved = [QueuedRequest("waiting", now - 1.0, 30, 0, 8, 0)] * 4
+        ended = [record(now - ago, 50, 4) for ago in range(2, 10)]
+        held.append(len(live_trace(moved, ended, now, 10.0, horizon)))
+    assert statistics.fmean(held) == pytest.approx(least, rel=0.05)
     # none asked for, or enough already: as asked; a trickle: at most MAX_STRETCH times; nothing
     # to repeat: as asked
     assert stretched_horizon(queued, recent, NOW, 10.0, 10.0, 0) == 10.0
