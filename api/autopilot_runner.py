@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from api.analysis import Analysis
-from api.control import engine_description
+from api.control import AUTOPILOT_ORIGIN, engine_description
 from api.live_attribution import live_report
 from api.live_window import AttributionView, LiveWindow
 from engine.errors import InvalidInput
@@ -31,7 +31,6 @@ from tuning.experts import Routing, stacked
 from tuning.live import arrival_window, stretched_horizon, twin_from_live
 from tuning.tune import Trial
 
-ORIGIN = "autopilot"
 # the twin's thread yields the cores to the engine; at 19 it waited tens of seconds for its
 # first look whenever the engine's threads and another process kept both cores busy
 NICE = 10
@@ -74,7 +73,7 @@ class AutopilotRunner:
 
     def knob_changed(self, change: dict[str, Any], t: float) -> None:
         """A LiveWindow hook: a change someone else made pauses the autopilot."""
-        if change["origin"] != ORIGIN:
+        if change["origin"] != AUTOPILOT_ORIGIN:
             with self._lock:
                 self.pilot.person_changed(t, change["origin"])
 
@@ -99,19 +98,24 @@ class AutopilotRunner:
             self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def tick(self) -> Decision | None:
-        """One look: the decision applied (or refused), or None when it held."""
+        """One look: the decision applied (or refused), or None when it held. Its reads on
+        the event loop and the engine thread count in `cpu_s` too."""
+        cpu0 = time.thread_time()
         self.window.drain()
         view = self.window.attribution_view()
         routed = (list(self.window.routed), self.window.top_k)
         rows = self.window.fit_rows.rows()
+        self.cpu_s += time.thread_time() - cpu0
         try:
             # the twin runs under the knobs in force: no earlier change need come with them
             since = self.engine_loop.engine.applied_knobs_version
             snapshot = await asyncio.wrap_future(self.engine_loop.snapshot(since))
         except EngineDead:
             return None
+        cpu0 = time.thread_time()
         config = engine_description(self.engine_loop)
         started = self.window.started_t
+        self.cpu_s += snapshot.cpu_s + time.thread_time() - cpu0
         decision = await asyncio.get_running_loop().run_in_executor(
             self._executor, self._decide, view, routed, rows, snapshot, config, started
         )
@@ -199,7 +203,9 @@ class AutopilotRunner:
             with self._lock:  # someone changed them since the twin looked: theirs stands
                 self.pilot.pending = None
             return
-        future = self.engine_loop.update_knobs(decision.knob_values(), ORIGIN, decision.reason)
+        future = self.engine_loop.update_knobs(
+            decision.knob_values(), AUTOPILOT_ORIGIN, decision.reason
+        )
         try:
             version = await asyncio.wrap_future(future)
         except (InvalidInput, EngineDead) as exc:

@@ -13,6 +13,10 @@ from engine.loop import EngineDead, EngineLoop
 
 router = APIRouter()
 
+# the origin of the SLO autopilot's own changes (api.autopilot_runner): a person's change
+# sent under it would neither pause the autopilot nor be drawn as a person's
+AUTOPILOT_ORIGIN = "autopilot"
+
 JSON_TYPES: dict[str, tuple[type, ...]] = {
     "integer": (int,),
     "number": (int, float),
@@ -103,6 +107,12 @@ async def patch_knobs(
 ) -> dict[str, Any]:
     """Validate the change as a whole; it applies at the next step boundary."""
     engine_loop: EngineLoop = request.app.state.engine_loop
+    if origin == AUTOPILOT_ORIGIN:
+        raise APIError(
+            422,
+            f"origin: {origin!r} is kept for the autopilot's own changes; name who makes this one",
+            "origin",
+        )
     schema = live_knob_schema(engine_loop)
     if not changes:
         raise APIError(422, 'no knobs given; send a JSON object like {"max_num_seqs": 8}')

@@ -1,8 +1,9 @@
 """SLO autopilot: attainment on a phased load against the defaults and the best static setting.
 
 One arrival trace in four phases of `--phase-s` seconds each: steady low load, a burst at 3x,
-long prompts, low again (Poisson arrivals, seeded). Four kinds of run replay it on a fresh
-`moescope serve` each (recording into a temporary SQLite file), interleaved and repeated:
+long prompts, low again (Poisson arrivals, seeded), written as a trace file. Four kinds of run
+replay it with `moescope load --trace` on a fresh `moescope serve` each (recording into a
+temporary SQLite file), interleaved and repeated:
 - defaults: the engine's default knobs;
 - static: the best static setting, found by `tuning.tune` in the twin of the first defaults
   run (a grid over max_num_seqs, max_num_batched_tokens and prefill_chunk_size, scored by SLO
@@ -23,11 +24,12 @@ Run: `python benchmarks/autopilot.py` (`--quick` for a smoke run).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
+import json
 import math
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -44,7 +46,7 @@ from serving import server
 from targets import Target
 
 import stats
-from api.loadgen import Arrival, parse_dist, poisson_arrivals, run_load
+from api.loadgen import Arrival, load_trace, parse_dist, poisson_arrivals, trace_text
 from engine import LLMEngine
 from storage import Store
 from storage import queries as q
@@ -126,13 +128,15 @@ def run(
     args: argparse.Namespace,
     store: Store,
     db: str,
-    trace: list[Arrival],
+    trace: Path,
     kind: str,
     knobs: dict[str, Any],
     fit_from: str | None,
 ) -> dict[str, Any]:
-    """Replay `trace` on a fresh server with `knobs` (PATCHed before any load) and, for the
-    autopilot, `--autopilot` (and `--fit-from` session `fit_from`); what it measured."""
+    """Replay the `trace` file with `moescope load --trace` on a fresh server with `knobs`
+    (PATCHed before any load) and, for the autopilot, `--autopilot` (and `--fit-from` session
+    `fit_from`); what it measured. Times are seconds from the trace's start: the first
+    request's arrival less its offset in the trace."""
     slo = f"ttft_p90_ms={args.ttft_ms},tpot_p90_ms={args.tpot_ms}"
     extra = []
     if kind in PILOTS:
@@ -143,9 +147,8 @@ def run(
             client.patch(
                 "/api/knobs", json=knobs, params={"origin": "benchmark"}
             ).raise_for_status()
-        started = time.time()
-        with watched(str(client.base_url), started, kind in PILOTS) as notes:
-            summary = asyncio.run(run_load(str(client.base_url), trace, seed=args.seed))
+        with watched(str(client.base_url), kind in PILOTS) as notes:
+            summary = replay(str(client.base_url), trace, args.seed)
         pilot = client.get("/api/autopilot", params={"history": 0}).json()
         seeded = client.get("/api/status").json()["fit_from"]
         session = wait_recorded(client, summary["ok"])
@@ -153,6 +156,7 @@ def run(
     steps = q.steps(store, session, limit=1_000_000)
     changes = [c for c in q.knob_changes(store, session) if c["origin"] == "autopilot"]
     engine_s = sum(s["dur_ms"]["total"] for s in steps) / 1000
+    started = min(r["arrival"] for r in records) - load_trace(trace)[0].t
     return {
         "kind": kind,
         "session": session,
@@ -165,15 +169,28 @@ def run(
         ],
         "cpu_share": 100 * pilot["cpu_s"] / engine_s if engine_s else 0.0,
         "fit_from": seeded,
-        "notes": notes,
+        "notes": [{**n, "t": n["t"] - started} for n in notes],
         "records": records,
     }
 
 
+def replay(url: str, trace: Path, seed: int) -> dict[str, Any]:
+    """`moescope load --trace` against `url`, in its own process: its summary."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "summary.json"
+        cmd = [sys.executable, "-m", "api.cli", "load", "--url", url, "--trace", str(trace)]
+        cmd += ["--seed", str(seed), "--summary-json", str(out), "--no-progress"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if not out.exists():
+            raise RuntimeError(f"moescope load failed ({done.returncode}): {done.stderr[-2000:]}")
+        summary: dict[str, Any] = json.loads(out.read_text())
+    return summary
+
+
 @contextlib.contextmanager
-def watched(url: str, started: float, on: bool) -> Iterator[list[dict[str, Any]]]:
+def watched(url: str, on: bool) -> Iterator[list[dict[str, Any]]]:
     """The autopilot's state and note every WATCH_S while the block runs, when `on`: each
-    change of them, seconds from `started`. A hold leaves no knob change, only its note."""
+    change of them, at its wall-clock time. A hold leaves no knob change, only its note."""
     notes: list[dict[str, Any]] = []
     done = threading.Event()
 
@@ -183,7 +200,7 @@ def watched(url: str, started: float, on: bool) -> Iterator[list[dict[str, Any]]
                 st = client.get("/api/autopilot").json()
                 said = {"state": st["state"], "note": st["note"]}
                 if not notes or {k: notes[-1][k] for k in said} != said:
-                    notes.append({"t": time.time() - started, **said})
+                    notes.append({"t": time.time(), **said})
 
     watcher = threading.Thread(target=poll, daemon=True)
     if on:
@@ -243,17 +260,21 @@ def scores(
     }
 
 
+def phase_changes(r: dict[str, Any], i: int, args: argparse.Namespace) -> list[float]:
+    """The times of the autopilot's changes in phase `i`, seconds from that phase's start."""
+    lo = i * args.phase_s
+    return [c["t"] - lo for c in r["changes"] if 0 <= c["t"] - lo < args.phase_s]
+
+
 def settling(r: dict[str, Any], args: argparse.Namespace) -> tuple[float, float]:
     """The longest time from a phase change to the autopilot's last change in that phase, and
     its most changes a minute after that settling window, over the phases."""
     settle, rate = 0.0, 0.0
-    for i in range(4):
-        lo, hi = i * args.phase_s, (i + 1) * args.phase_s
-        times = [c["t"] for c in r["changes"] if lo <= c["t"] < hi]
-        if times:
-            settle = max(settle, max(times) - lo)
-        steady = [t for t in times if t >= lo + SETTLE_S]
-        rate = max(rate, len(steady) * 60 / max(1e-9, hi - lo - SETTLE_S))
+    for i in range(len(PHASES)):
+        times = phase_changes(r, i, args)
+        settle = max([settle, *times])
+        steady = [t for t in times if t >= SETTLE_S]
+        rate = max(rate, len(steady) * 60 / max(1e-9, args.phase_s - SETTLE_S))
     return settle, rate
 
 
@@ -330,8 +351,9 @@ def render(args: argparse.Namespace, argv: list[str], out: dict[str, Any], total
     lines = [
         header("SLO autopilot (`benchmarks/autopilot.py`)", command, total_s, machine.measure()),
         f"- Server: `moescope serve --model {args.model} --threads {args.threads} --db "
-        "<temporary SQLite>`, a fresh one per run; the load generator in the benchmark "
-        "process. The cores are shared with other workers, so absolute numbers are noisy: "
+        "<temporary SQLite>`, a fresh one per run; the trace replayed on it by `moescope load "
+        "--trace` in its own process (`--save-trace PATH` keeps the file). The cores are "
+        "shared with other workers, so absolute numbers are noisy: "
         f"the kinds of run are interleaved and repeated {args.repeats} time(s); a cell is "
         "the median (min–max).",
         f"- Trace: four phases of {args.phase_s:g} s ({', '.join(PHASES)}): Poisson arrivals at "
@@ -362,6 +384,7 @@ def render(args: argparse.Namespace, argv: list[str], out: dict[str, Any], total
         cells += [spread([r["phases"][i]["attainment"] or 0.0 for r in rs]) for i in range(4)]
         cells.append(spread([float(len(r["changes"])) for r in rs]))
         lines.append(f"| {kind} | " + " | ".join(cells) + " |")
+    lines += phase_lines(out["runs"], args)
     whole, long = out["summary"]["median_attainment"], out["summary"]["long_phase"]
     lines += [
         "",
@@ -384,6 +407,31 @@ def render(args: argparse.Namespace, argv: list[str], out: dict[str, Any], total
         TARGETS["cpu"].line(v["cpu"], f"{v['cpu']:.2f}%"),
     ]
     return "\n".join(lines)
+
+
+def phase_lines(runs: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
+    """Per kind of run and phase: attainment, goodput, p90s, and the autopilot's changes there
+    with the time from the phase's start to its last (0 when none)."""
+    lines = [
+        "",
+        "Per phase, median (min–max) over the runs of a kind:",
+        "",
+        "| run | phase | attainment % | goodput req/s | p90 TTFT ms | p90 TPOT ms | autopilot "
+        "changes | last change, s into the phase |",
+        "| --- " * 8 + "|",
+    ]
+    for kind in KINDS:
+        rs = [r for r in runs if r["kind"] == kind]
+        for i, phase in enumerate(PHASES):
+            cells = [
+                spread([r["phases"][i][m] or 0.0 for r in rs])
+                for m in ("attainment", "goodput", "ttft_p90", "tpot_p90")
+            ]
+            times = [phase_changes(r, i, args) for r in rs]
+            cells.append(spread([float(len(t)) for t in times]))
+            cells.append(spread([max(t, default=0.0) for t in times]))
+            lines.append(f"| {kind} | {phase} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def room_line(summary: dict[str, Any]) -> str:
@@ -439,6 +487,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--autopilot-extra", default="", help="more --autopilot settings, e.g. ',look_s=2'"
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--save-trace", type=Path, help="keep the trace (JSONL) here, for `moescope load --trace`"
+    )
     p.add_argument("--quick", action="store_true", help="synthetic:tiny, 3 s phases, one repeat")
     add_results_arguments(p)
     args = p.parse_args(argv)
@@ -464,10 +515,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             file=sys.stderr,
             flush=True,
         )
-    trace = phased_trace(args)
+    arrivals = phased_trace(args)
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         db = f"sqlite:///{Path(tmp) / 'autopilot.db'}"
+        trace = args.save_trace or Path(tmp) / "trace.jsonl"
+        trace.write_text(trace_text(arrivals))
         store = Store(db)
         try:
             static: dict[str, Any] | None = None
@@ -493,7 +546,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             store.close()
     for r in runs:
         r.pop("records")
-    out = {"runs": runs, "static": static, "requests": len(trace), "summary": summarize(runs, args)}
+    out = {
+        "runs": runs,
+        "static": static,
+        "requests": len(arrivals),
+        "summary": summarize(runs, args),
+    }
     publish(SECTION, render(args, argv, out, time.perf_counter() - started), results_path(args))
     return out
 

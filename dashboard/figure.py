@@ -6,6 +6,7 @@ page of panels. Arrays stay numpy (Plotly sends them as binary). The live charts
 are the same in JavaScript (live_charts_web/figure.js).
 """
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,8 +15,9 @@ import plotly.graph_objects as go
 HEIGHT = 300
 MARKER = "#d62728"
 AUTOPILOT_MARKER = "#9467bd"  # the autopilot's changes, apart from a person's
+HOVER_WIDTH = 80  # characters a line of a marker's hover holds (a longer word overflows)
 Layout = dict[str, Any]
-Markers = Sequence[tuple[int, str]]
+Markers = Sequence[tuple[int, str, str | None]]  # step, label, reason (window.py)
 Span = tuple[float, float] | None  # the x range of a time series (None: let Plotly choose)
 
 
@@ -28,8 +30,23 @@ def marker_colour(label: str) -> str:
     return AUTOPILOT_MARKER if label.split(":", 1)[0].endswith(" autopilot") else MARKER
 
 
+def hover_text(reason: str | None) -> str:
+    """A knob change's reason as a marker's hover text: its words in lines of at most
+    HOVER_WIDTH characters joined by <br> ("" without a reason)."""
+    lines: list[str] = []
+    for word in re.split(r"[ \t\n\r\f\v]+", reason or ""):
+        if not word:
+            continue
+        if lines and len(lines[-1]) + 1 + len(word) <= HOVER_WIDTH:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return "<br>".join(lines)
+
+
 def markers(marks: Markers) -> tuple[list[Layout], list[Layout]]:
-    """Dashed vertical lines, each labelled, at the steps of knob changes."""
+    """Dashed vertical lines, each labelled, at the steps of knob changes; a change's reason
+    shows when the label is hovered."""
     xref, yref = "x", "y domain"
     shapes = [
         {
@@ -42,7 +59,7 @@ def markers(marks: Markers) -> tuple[list[Layout], list[Layout]]:
             "y1": 1,
             "line": {"dash": "dash", "color": marker_colour(text), "width": 1},
         }
-        for x, text in marks
+        for x, text, _ in marks
     ]
     notes = [
         {
@@ -56,8 +73,9 @@ def markers(marks: Markers) -> tuple[list[Layout], list[Layout]]:
             "yanchor": "top",
             "font": {"size": 10, "color": marker_colour(text)},
             "bgcolor": "rgba(255, 255, 255, 0.8)",
+            **({"hovertext": hover} if (hover := hover_text(reason)) else {}),
         }
-        for x, text in marks
+        for x, text, reason in marks
     ]
     return shapes, notes
 

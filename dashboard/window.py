@@ -2,8 +2,9 @@
 
 `StepWindow.add` turns one StepTelemetry frame into one row of numbers (KV blocks, stage
 times, queues, dropped tokens, rolling TTFT/TPOT percentiles and tokens/s) and one per-layer
-imbalance row, and keeps the knob changes' markers; `view` stacks them. The live charts
-compute the same columns in the browser (live_charts_web/window.js, tested against this).
+imbalance row, and keeps the knob changes' markers (step, label, reason); `view` stacks them.
+The live charts compute the same columns in the browser (live_charts_web/window.js, tested
+against this).
 Fields that older recordings lack count as absent.
 """
 
@@ -18,6 +19,7 @@ import numpy as np
 from dashboard.rolling import RollingPercentiles, RollingRate
 
 Frame = dict[str, Any]
+Marker = tuple[int, str, str | None]  # step, label, reason in words (None: none given)
 STAGES = ("schedule", "prepare", "forward", "sample", "moe")
 QUEUES = ("waiting", "running", "swapped", "preempted")
 COLUMNS = (
@@ -69,7 +71,7 @@ class WindowView:
 
     columns: np.ndarray  # [n, len(COLUMNS)]
     imbalance: np.ndarray  # [n, layers]
-    markers: list[tuple[int, str]]  # (step, label) of knob changes
+    markers: list[Marker]  # (step, label, reason) of knob changes
 
     def col(self, name: str) -> np.ndarray:
         return self.columns[:, COLUMNS.index(name)]
@@ -92,7 +94,7 @@ class StepWindow:
     def clear(self) -> None:
         self._rows: deque[tuple[float, ...]] = deque(maxlen=self.maxlen)
         self._imbalance: deque[np.ndarray] = deque(maxlen=self.maxlen)
-        self._markers: deque[tuple[int, str]] = deque()
+        self._markers: deque[Marker] = deque()
         self._ttft = RollingPercentiles(LATENCY_WINDOW)
         self._tpot = RollingPercentiles(LATENCY_WINDOW)
         self._rate = RollingRate(RATE_WINDOW, 2)
@@ -116,7 +118,8 @@ class StepWindow:
         self._rows.append(tuple(row[c] for c in COLUMNS))
         self._imbalance.append(layer_imbalance(np.asarray(frame["experts"]["counts"])))
         for change in frame.get("knob_changes") or []:
-            self._markers.append((frame["step"], marker_label(change)))
+            marker = (frame["step"], marker_label(change), change.get("reason") or None)
+            self._markers.append(marker)
         while self._markers and self._markers[0][0] < self._rows[0][0]:
             self._markers.popleft()
 

@@ -32,6 +32,7 @@ class QueueSnapshot:
     knobs_version: int  # the applied version
     knob_changes: list[KnobChange]
     requests: list[QueuedRequest]
+    cpu_s: float = 0.0  # the engine thread's CPU time spent reading it, for its reader's bill
 
     def arrivals(self, started: bool) -> list[float]:
         """The arrival times of the requests with a first token (`started`) or without one."""
@@ -40,6 +41,7 @@ class QueueSnapshot:
 
 def queue_snapshot(engine: LLMEngine, since_version: int = 0) -> QueueSnapshot:
     """Read the engine's state; call it on the engine thread only (it changes nothing)."""
+    cpu0 = time.thread_time()
     sch = engine.scheduler
     queued = [
         _queued(state, req)
@@ -56,6 +58,7 @@ def queue_snapshot(engine: LLMEngine, since_version: int = 0) -> QueueSnapshot:
         knobs_version=engine.applied_knobs_version,
         knob_changes=[c for c in engine.knob_changes if c.version > since_version],
         requests=queued,
+        cpu_s=time.thread_time() - cpu0,
     )
 
 

@@ -501,7 +501,8 @@ class Autopilot:
         decision.version = version
         self.decisions.append(decision)
         self.last_change_t = decision.t
-        if decision.action == "change":
+        if decision.action == "change" and self.state != "paused":
+            # a person's change taken while the engine applied this one keeps its pause shown
             self.state, self.note = "adjusting", decision.reason
             if self.pending is not None:
                 for knob, direction in self.pending.move:
@@ -512,8 +513,9 @@ class Autopilot:
         decision.refused = message
         self.decisions.append(decision)
         self.pending = None
-        self.note = f"the engine refused {decision.knob_values()}: {message}"
-        self.state = "holding"
+        if self.state != "paused":
+            self.note = f"the engine refused {decision.knob_values()}: {message}"
+            self.state = "holding"
 
     def status(self, history: int = HISTORY) -> dict[str, Any]:
         """State, note, decisions newest first, and the last `history` measurements."""

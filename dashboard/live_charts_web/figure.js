@@ -4,17 +4,35 @@
 export const HEIGHT = 300;
 const MARKER = "#d62728";
 const AUTOPILOT_MARKER = "#9467bd"; // the autopilot's changes, apart from a person's
+const HOVER_WIDTH = 80; // characters a line of a marker's hover holds (a longer word overflows)
 
 /** The autopilot's markers in their own colour (their label names it: window.js). */
 export function markerColour(label) {
   return label.split(":", 1)[0].endsWith(" autopilot") ? AUTOPILOT_MARKER : MARKER;
 }
 
+/** A knob change's reason as a marker's hover text: its words in lines of at most HOVER_WIDTH
+ * characters joined by <br> ("" without a reason). Lengths count code points, as Python's. */
+export function hoverText(reason) {
+  const lines = [];
+  const size = (s) => [...s].length;
+  for (const word of (reason || "").split(/[ \t\n\r\f\v]+/)) {
+    if (!word) continue;
+    if (lines.length && size(lines[lines.length - 1]) + 1 + size(word) <= HOVER_WIDTH) {
+      lines[lines.length - 1] += " " + word;
+    } else {
+      lines.push(word);
+    }
+  }
+  return lines.join("<br>");
+}
+
 function axis(title, extra = {}) {
   return { title: { text: title }, ...extra };
 }
 
-/** Dashed vertical lines, each labelled, at the steps of knob changes (on x/y`suffix`). */
+/** Dashed vertical lines, each labelled, at the steps of knob changes (on x/y`suffix`); a
+ * change's reason shows when the label is hovered. */
 export function markers(marks, suffix = "") {
   const xref = `x${suffix}`;
   const yref = `y${suffix} domain`;
@@ -28,18 +46,22 @@ export function markers(marks, suffix = "") {
     y1: 1,
     line: { dash: "dash", color: markerColour(text), width: 1 },
   }));
-  const notes = marks.map(([x, text]) => ({
-    xref,
-    yref,
-    x,
-    y: 1,
-    text,
-    showarrow: false,
-    xanchor: "right",
-    yanchor: "top",
-    font: { size: 10, color: markerColour(text) },
-    bgcolor: "rgba(255, 255, 255, 0.8)",
-  }));
+  const notes = marks.map(([x, text, reason]) => {
+    const hover = hoverText(reason);
+    return {
+      xref,
+      yref,
+      x,
+      y: 1,
+      text,
+      showarrow: false,
+      xanchor: "right",
+      yanchor: "top",
+      font: { size: 10, color: markerColour(text) },
+      bgcolor: "rgba(255, 255, 255, 0.8)",
+      ...(hover ? { hovertext: hover } : {}),
+    };
+  });
   return [shapes, notes];
 }
 

@@ -22,13 +22,13 @@ function pyStr(value) {
   return String(value);
 }
 
-/** `{max_num_seqs: [8, 4]}` -> `max_num_seqs 8→4`. */
 /** `v5: max_num_seqs 16→32`; the autopilot's changes say so (`v5 autopilot: ...`). */
 export function markerLabel(change) {
   const who = change.origin === "autopilot" ? " autopilot" : "";
   return `v${change.version}${who}: ${knobLabel(change.changes)}`;
 }
 
+/** `{max_num_seqs: [8, 4]}` -> `max_num_seqs 8→4`. */
 export function knobLabel(changes) {
   return Object.entries(changes)
     .map(([name, [old, now]]) => `${name} ${pyStr(old)}→${pyStr(now)}`)
@@ -97,7 +97,7 @@ export class WindowView {
     this.rows = rows;
     this.imbalance = imbalance; // [n][layers], NaN where a step had fewer layers
     this.slots = slots; // per step: {slots, colours, texts, prefill}
-    this.markers = markers; // [step, label] of knob changes
+    this.markers = markers; // [step, label, reason] of knob changes (reason null: none given)
     this.expertSum = expertSum; // counts summed over the last `expertSteps` steps
     this.expertSteps = expertSteps;
     this.latest = latest;
@@ -153,7 +153,7 @@ export class StepWindow {
     this.push(this.imbalance, layerImbalance(frame.experts.counts));
     this.push(this.slots, this.slotColumn(batch.slots));
     for (const change of frame.knob_changes || []) {
-      this.markers.push([frame.step, markerLabel(change)]);
+      this.markers.push([frame.step, markerLabel(change), change.reason || null]);
     }
     while (this.markers.length && this.markers[0][0] < this.rows[0].step) this.markers.shift();
     this.latest = frame;

@@ -1,6 +1,7 @@
 """The SLO autopilot on a real server: its settings over HTTP with their 422s, waiting for
 steps, moving max_num_seqs up for requests queueing for a slot (with its reason in the knob
-history), and pausing for a person's change."""
+history), pausing for a person's change, and applying a decision: not over knobs changed
+since the twin looked, and going on after the engine refuses it."""
 
 import threading
 from collections.abc import Iterator
@@ -11,7 +12,9 @@ import httpx
 import pytest
 from api_servers import Served, serve, stop, traffic, wait_for, wait_idle
 
+from api.autopilot_runner import AutopilotRunner
 from api.settings import ServerSettings
+from tuning.autopilot import MEASURED_TOO_FEW, Decision, Measured, Pending
 
 ADMIN = "admin-secret"
 
@@ -135,3 +138,83 @@ def test_queueing_for_the_slot_moves_max_num_seqs_up_with_its_reason(one_slot: S
     wait_for(lambda: status(one_slot)["state"] == "paused", what="the pause")
     assert "'api'" in status(one_slot)["note"]
     assert one_slot.loop.knobs.max_num_seqs == 3, status(one_slot)["decisions"]
+
+
+def decides_once(
+    served: Served, monkeypatch: pytest.MonkeyPatch, changes: dict[str, list[Any]]
+) -> list[int]:
+    """Makes the runner's next look decide `changes` (as the pilot would after asking the
+    twin, its change pending), then look as before; the list gets the runner's tick count at
+    that look: once it has grown past that, the decision has been applied or refused."""
+    runner: AutopilotRunner = served.app.state.autopilot
+    look = runner._decide
+    seen: list[int] = []
+
+    def once(*args: Any) -> Decision | None:
+        if seen:
+            return look(*args)
+        decision = Decision(args[3].t, "change", "the twin predicts better", changes)
+        move = tuple((knob, 1) for knob in changes)
+        with runner._lock:
+            runner.pilot.pending = Pending(
+                decision.t, decision, Measured(10, None, None, 0.5), move, None
+            )
+        seen.append(runner.ticks)
+        return decision
+
+    monkeypatch.setattr(runner, "_decide", once)
+    return seen
+
+
+def enable(served: Served) -> None:
+    assert put(served, {"enabled": True, "interval_s": 0.2}).status_code == 200
+
+
+def test_knobs_changed_since_the_twin_looked_stand(
+    one_slot: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The twin looked at two slots; one is in force now (a person's change came meanwhile):
+    the decision is dropped, not applied over it."""
+    runner: AutopilotRunner = one_slot.app.state.autopilot
+    seen = decides_once(one_slot, monkeypatch, {"max_num_seqs": [2, 4]})
+    enable(one_slot)
+    wait_for(lambda: seen and runner.ticks > seen[0], what="the look after the decision")
+    assert one_slot.loop.knobs.max_num_seqs == 1
+    assert runner.pilot.pending is None
+    assert status(one_slot)["decisions"] == []
+
+
+def test_a_change_the_engine_refuses_is_recorded_and_it_keeps_ticking(
+    one_slot: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """512 slots with a budget of 256 tokens a step, as a decision made before a person
+    lowered the budget would meet: the engine refuses it, the refusal shows among the
+    decisions, and the autopilot goes on looking."""
+    runner: AutopilotRunner = one_slot.app.state.autopilot
+    seen = decides_once(one_slot, monkeypatch, {"max_num_seqs": [1, 512]})
+    enable(one_slot)
+    wait_for(lambda: status(one_slot)["decisions"], what="the refused decision")
+    (refused,) = status(one_slot)["decisions"]
+    assert refused["changes"] == {"max_num_seqs": [1, 512]} and refused["version"] is None
+    assert "max_num_batched_tokens" in refused["refused"]
+    assert one_slot.loop.knobs.max_num_seqs == 1
+    assert runner.pilot.pending is None
+    # later looks: measured afresh (nothing ran), not stuck on the refusal
+    wait_for(lambda: runner.ticks > seen[0] + 1, what="looks after the refusal")
+    wait_for(lambda: status(one_slot)["note"] == MEASURED_TOO_FEW, what="a look's own note")
+
+
+def test_a_persons_change_cannot_pose_as_the_autopilots(one_slot: Served) -> None:
+    """origin=autopilot over HTTP would neither pause the autopilot nor show as a person's."""
+    r = httpx.patch(
+        one_slot.url + "/api/knobs",
+        params={"origin": "autopilot"},
+        json={"max_num_seqs": 3},
+        headers={"Authorization": f"Bearer {ADMIN}"},
+        timeout=30,
+    )
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["param"] == "origin"
+    assert one_slot.loop.knobs.max_num_seqs == 1
+    history = httpx.get(one_slot.url + "/api/knobs/history", timeout=30).json()["changes"]
+    assert all(c["origin"] != "autopilot" for c in history)

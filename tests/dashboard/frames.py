@@ -1,7 +1,13 @@
 """Synthetic StepTelemetry frames for the chart tests."""
 
 import random
+from pathlib import Path
 from typing import Any
+
+from engine.bus import TelemetryBus
+from engine.telemetry import StepTelemetry
+from storage import Recorder, Store
+from storage import queries as q
 
 
 def frame(step: int, changes: dict[str, list[Any]] | None = None) -> dict[str, Any]:
@@ -78,6 +84,34 @@ def frame(step: int, changes: dict[str, list[Any]] | None = None) -> dict[str, A
     }
 
 
+# the autopilot's reasons, as long as its own (tuning.autopilot.change_reason), and a few that
+# test the hover text's wrapping: runs of blanks and line breaks, a word longer than a line,
+# characters outside the BMP (Python counts them once, JavaScript's length twice), lines of
+# just 80 and 81 characters, only blanks
+REASONS = (
+    "p90 TTFT 1.9 s > 800 ms target (70% of p90 TTFT is queueing for a slot: max_num_seqs): "
+    "max_num_seqs 16 → 32; predicted p90 TTFT 1.9 s → 600 ms, p90 TPOT 40 ms → 45 ms, "
+    "queued at the horizon 12 → 0, attainment 40% → 85%",
+    "rolled back:  SLO attainment 61% of 40 requests\nafter the change, 80% before: "
+    + "x" * 90
+    + " next change no sooner than 60 s",
+    "🚀" * 50 + " " + "🚀🚀 " * 30,
+    " ".join(c * n for c, n in (("c", 39), ("d", 40), ("a", 40), ("b", 40))),  # 80, 81 wide
+    "   ",
+)
+
+
+def autopilot_change(version: int, changes: dict[str, list[Any]], reason: str) -> dict[str, Any]:
+    """A KnobChange's dict as the autopilot makes it."""
+    return {
+        "version": version,
+        "t": 0.0,
+        "origin": "autopilot",
+        "changes": changes,
+        "reason": reason,
+    }
+
+
 def frames(n: int = 30, change_at: int = 10) -> list[dict[str, Any]]:
     return [frame(i, {"max_num_seqs": [8, 4]} if i == change_at else None) for i in range(n)]
 
@@ -121,6 +155,9 @@ def varied_frame(rng: random.Random, step: int, t: float) -> dict[str, Any]:
     f["a2a"]["mode"] = rng.choice(["measured", "modeled"])
     f["a2a"]["bytes"] = [[rng.randint(0, 999) for _ in range(2)] for _ in range(2)]
     f["a2a"]["imbalance"] = rng.uniform(1, 2)
+    if f["knob_changes"] and step % 3:  # the rest a person's, without a reason
+        (change,) = f["knob_changes"]
+        f["knob_changes"] = [autopilot_change(3, change["changes"], REASONS[step % len(REASONS)])]
     return f
 
 
@@ -133,3 +170,20 @@ def varied_frames(n: int, seed: int = 0) -> list[dict[str, Any]]:
         t += rng.choice([0.0, rng.uniform(0.001, 0.03)])
         out.append(varied_frame(rng, step, t))
     return out
+
+
+def recorded(frames: list[dict[str, Any]], tmp: Path) -> tuple[list[dict[str, Any]], list[Any]]:
+    """`frames` through the recorder into a fresh SQLite database and back: the steps as the
+    Compare and replay pages get them, and the knob changes as their table holds them."""
+    store = Store(f"sqlite:///{tmp / 'recorded.db'}")
+    steps, requests = TelemetryBus(), TelemetryBus()
+    rec = Recorder(store, steps, requests)
+    rec.start("main", model="synthetic:test", engine_session="s", config={}, knobs={})
+    for f in frames:
+        steps.publish(StepTelemetry.model_validate(f).model_dump())
+    assert rec.flush()
+    rec.close()
+    try:
+        return q.steps(store, "main"), q.knob_changes(store, "main")
+    finally:
+        store.close()

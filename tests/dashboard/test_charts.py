@@ -1,9 +1,11 @@
 """The server-drawn figures on a window of synthetic telemetry frames: the Compare page's
 panels (traces, axes and knob markers) and the sidebar's expert placement."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
-from frames import frame, frames
+from frames import REASONS, autopilot_change, frame, frames, recorded
 
 from dashboard import charts, compare_page
 from dashboard.window import StepWindow
@@ -21,6 +23,24 @@ def test_every_compare_figure_carries_the_knob_marker_on_a_fixed_span() -> None:
         assert fig.layout.annotations[-1].text == "v2: max_num_seqs 8→4", name
         assert fig.layout.title.text, name
         assert fig.layout.xaxis.range == (-0.5, 29.5), name  # labels must not widen it
+
+
+def test_a_recorded_autopilot_change_shows_its_reason_on_the_compare_pages_markers(
+    tmp_path: Path,
+) -> None:
+    """The Compare page draws markers from the recorded steps: the reason the recorder kept
+    for a change is the hover of its marker on every chart; a person's change has none."""
+    steps = frames()
+    steps[20]["knob_changes"] = [autopilot_change(3, {"max_num_seqs": [4, 8]}, REASONS[0])]
+    recorded_steps, changes = recorded(steps, tmp_path)
+    assert [c["reason"] for c in changes] == [None, REASONS[0]]
+    view = StepWindow.of(recorded_steps)
+    for name, build in compare_page.FIGURES.items():
+        person, pilot = build(view).layout.annotations[-2:]
+        assert pilot.text == "v3 autopilot: max_num_seqs 4→8", name
+        assert pilot.hovertext.replace("<br>", " ") == REASONS[0], name
+        assert "<br>" in pilot.hovertext, name  # wrapped: it is 200 characters long
+        assert person.text == "v2: max_num_seqs 8→4" and person.hovertext is None, name
 
 
 def test_an_empty_window_does_not_fail() -> None:

@@ -9,13 +9,13 @@ from typing import Any
 import numpy as np
 import pytest
 from browser import CHROMIUM
-from frames import frame, frames, old_frame, varied_frames
-from js_modules import js_page, js_panel
-from playwright.sync_api import Page
+from frames import REASONS, autopilot_change, frame, frames, old_frame, recorded, varied_frames
+from js_modules import ORIGIN, blank_page, js_page, js_panel, run
+from playwright.sync_api import Page, expect
 
 from dashboard import compare_page
-from dashboard.figure import AUTOPILOT_MARKER, MARKER
-from dashboard.window import StepWindow
+from dashboard.figure import AUTOPILOT_MARKER, MARKER, hover_text, markers
+from dashboard.window import Marker, StepWindow
 
 pytestmark = [
     pytest.mark.slow,
@@ -179,28 +179,89 @@ def test_the_compare_pages_panels_carry_the_same_data(page: Page) -> None:
         for js, py in zip(got["data"], want.data, strict=True):
             np.testing.assert_array_equal(js["x"], py.x, err_msg=name)
             np.testing.assert_array_equal(js["y"], py.y, err_msg=name)
-        marks = [a["text"] for a in got["layout"]["annotations"]]
-        assert marks == [a.text for a in want.layout.annotations], name
+        marks = [(a["text"], a.get("hovertext")) for a in got["layout"]["annotations"]]
+        assert marks == [(a.text, a.hovertext) for a in want.layout.annotations], name
+        assert any(hover for _, hover in marks), name  # some autopilot reasons among them
 
 
 def test_the_autopilots_markers_are_named_and_coloured_apart_as_in_python(page: Page) -> None:
     """A person's change at step 10 and the autopilot's at step 20: the label says who, the
     colour differs, and the browser draws them as the Python figures do."""
     steps = frames()
-    steps[20] = {
-        **steps[20],
-        "knob_changes": [
-            {"version": 3, "t": 0.0, "origin": "autopilot", "changes": {"max_num_seqs": [4, 8]}}
-        ],
-    }
+    steps[20]["knob_changes"] = [autopilot_change(3, {"max_num_seqs": [4, 8]}, REASONS[0])]
     layout = js_panel(page, "latency", steps)["layout"]
     person, pilot = layout["annotations"][-2:]
-    assert person["text"] == "v2: max_num_seqs 8→4"
+    assert person["text"] == "v2: max_num_seqs 8→4" and "hovertext" not in person
     assert pilot["text"] == "v3 autopilot: max_num_seqs 4→8"
+    assert pilot["hovertext"] == hover_text(REASONS[0])
     assert person["font"]["color"] == MARKER and pilot["font"]["color"] == AUTOPILOT_MARKER
     colours = [s["line"]["color"] for s in layout["shapes"]]
     assert colours == [MARKER, AUTOPILOT_MARKER]
     window = StepWindow(100)
     for f in steps:
         window.add(f)
-    assert [t for _, t in window.view().markers] == [person["text"], pilot["text"]]
+    assert [t for _, t, _ in window.view().markers] == [person["text"], pilot["text"]]
+
+
+def test_a_markers_hover_holds_its_reason_wrapped_as_in_python(page: Page) -> None:
+    """Each reason, long, oddly spaced, with a word longer than a line or characters outside
+    the BMP, or none at all, is the same hover text in the browser as in Python: the reason's
+    words in order, in lines of at most 80 characters unless one word is longer."""
+    marks: list[Marker] = [
+        (i, f"v{i} autopilot: max_num_seqs 1→2", r) for i, r in enumerate(REASONS)
+    ]
+    marks += [(9, "v9: max_num_seqs 2→1", None), (10, "v10: max_num_seqs 1→2", "")]
+    got = run(page, "(m, marks) => m.markers(marks)", marks)
+    assert got == [list(x) for x in markers(marks)]
+    hovers = [note.get("hovertext") for note in got[1]]
+    assert hovers[-3:] == [None, None, None]  # blank, none, empty: no hover
+    for reason, hover in zip(REASONS[:-1], hovers[:-3], strict=True):
+        lines = hover.split("<br>")
+        assert " ".join(lines).split() == reason.split()
+        assert all(len(line) <= 80 or " " not in line for line in lines), lines
+        assert len(lines) >= 2
+    assert hovers[0].startswith("p90 TTFT 1.9 s > 800 ms target (70% of p90 TTFT is queueing")
+    assert hovers[2].split("<br>")[0] == "🚀" * 50 + " 🚀🚀" * 10  # code points, as Python counts
+    assert hovers[3] == f"{'c' * 39} {'d' * 40}<br>{'a' * 40}<br>{'b' * 40}"  # 80 fit, 81 not
+
+
+def test_a_recorded_autopilot_change_shows_its_reason_on_the_replayed_chart(
+    page: Page, tmp_path: Path
+) -> None:
+    """The replay page draws the recorded steps in the browser: the reason the recorder kept
+    is the marker's hover."""
+    steps = frames()
+    steps[20]["knob_changes"] = [autopilot_change(3, {"max_num_seqs": [4, 8]}, REASONS[0])]
+    replayed, changes = recorded(steps, tmp_path)
+    assert [c["reason"] for c in changes] == [None, REASONS[0]]
+    person, pilot = js_panel(page, "latency", replayed)["layout"]["annotations"][-2:]
+    assert "hovertext" not in person
+    assert pilot["hovertext"].replace("<br>", " ") == REASONS[0]
+
+
+DRAW = """(fig) => {
+    const div = document.createElement("div");
+    div.style.width = "900px";
+    document.body.appendChild(div);
+    return Plotly.newPlot(div, fig.data, fig.layout).then(() => undefined);
+}"""
+
+
+def test_plotly_shows_the_reason_when_the_autopilots_marker_is_hovered(page: Page) -> None:
+    """Drawn by plotly.js, hovering the autopilot's label shows its reason, a line per <br>."""
+    steps = frames()
+    steps[20]["knob_changes"] = [autopilot_change(3, {"max_num_seqs": [4, 8]}, REASONS[0])]
+    fig = js_panel(page, "latency", steps)
+    assert page.context.browser is not None
+    drawn = blank_page(page.context.browser)
+    try:
+        drawn.add_script_tag(url=f"{ORIGIN}/plotly.min.js")
+        drawn.evaluate(DRAW, fig)
+        drawn.locator(".annotation").nth(1).hover()
+        lines = drawn.locator(".hoverlayer .hovertext text tspan.line")
+        expect(lines).to_have_count(hover_text(REASONS[0]).count("<br>") + 1)
+        assert [lines.nth(i).text_content() for i in range(lines.count())] == hover_text(
+            REASONS[0]
+        ).split("<br>")
+    finally:
+        drawn.close()

@@ -82,6 +82,7 @@ def test_window_matches_the_python_window(page: Page) -> None:
     column the Python window has is the same, to the last bit."""
     steps = varied_frames(150, seed=3)
     restarted = [{**f, "session": "t"} for f in varied_frames(90, seed=4)]
+    reasons: list[str] = []
     for maxlen, last in ((50, None), (500, 30)):
         window = StepWindow(maxlen)
         for f in steps + restarted:
@@ -92,7 +93,9 @@ def test_window_matches_the_python_window(page: Page) -> None:
         for name in COLUMNS:
             np.testing.assert_array_equal(got["columns"][name], want.col(name), err_msg=name)
         np.testing.assert_array_equal(got["imbalance"], want.imbalance)
-        assert [tuple(m) for m in got["markers"]] == want.markers
+        assert [tuple(m) for m in got["markers"]] == want.markers  # reasons included
+        reasons += [m[2] for m in want.markers if m[2]]
+    assert reasons, "the frames hold no reason to compare"
 
 
 def test_columns_hold_each_steps_numbers(page: Page) -> None:
@@ -113,14 +116,14 @@ def test_columns_hold_each_steps_numbers(page: Page) -> None:
     assert col["tok_s"][-1] == pytest.approx(1800)  # 18 tokens a step, 0.01 s apart
     assert got["expertSteps"] == 30 and got["expertSum"][0] == [180, 60, 60, 60]
     assert got["latest"] == 29
-    assert got["markers"] == [[10, "v2: max_num_seqs 8→4"]]
+    assert got["markers"] == [[10, "v2: max_num_seqs 8→4", None]]
 
 
 def test_a_bounded_window_keeps_the_newest_steps_and_their_markers(page: Page) -> None:
     steps = [frame(i, {"max_num_seqs": [8, i]} if i in (50, 90) else None) for i in range(100)]
     got = js_view(page, steps, maxlen=20)
     assert got["columns"]["step"] == list(range(80, 100))
-    assert got["markers"] == [[90, "v2: max_num_seqs 8→90"]]
+    assert got["markers"] == [[90, "v2: max_num_seqs 8→90", None]]
     last = js_view(page, steps, maxlen=20, last=5)
     assert last["columns"]["step"] == list(range(95, 100)) and last["markers"] == []
     assert last["columns"]["ttft.p50"][-1] == pytest.approx(np.percentile(range(36, 100), 50))

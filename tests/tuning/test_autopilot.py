@@ -1,6 +1,7 @@
 """The SLO autopilot's decisions on simulated load: the right knob in the right direction, with
 a reason in words; rollback, pauses, refusals and waiting."""
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -19,6 +20,7 @@ from tuning.autopilot import (
     Autopilot,
     Decision,
     Evaluate,
+    ceiling,
     trials_while_room,
 )
 from tuning.autopilot_moves import MAX_MOVES, moves
@@ -313,11 +315,34 @@ def test_a_change_that_makes_attainment_worse_is_rolled_back_and_backed_off() ->
     )
     assert pilot.state == "rolled back"
     pilot.applied(undo, version=8)
-    # backed off: no change for twice the gap, and the same move is not tried again
-    assert pilot.tick(110.0, knobs, worse, no_attribution, fixed(0.5, 0.9)) is None
-    fresh = worse + [record(110 + 0.4 * i, 900.0) for i in range(10)]
-    later = pilot.tick(115.0, knobs, fresh, no_attribution, fixed(0.5, 0.9))
-    assert later is not None and later.changes != decision.changes
+    # backed off: min_gap_s (4 s) after the rollback ten requests missed the TTFT target and
+    # the twin offers a clear gain, yet no change comes until twice the gap has passed
+    for t in (110.0, 113.5):
+        assert pilot.tick(t, knobs, missed(t), no_attribution, fixed(0.5, 0.9)) is None
+        assert pilot.state == "rolled back"  # held by the gap, before any look
+    later = pilot.tick(114.0, knobs, missed(114), no_attribution, fixed(0.5, 0.9))
+    assert later is not None and later.action == "change"
+    assert later.changes != decision.changes  # the move rolled back is banned
+
+
+def test_a_kept_change_after_a_rollback_halves_the_gap_again() -> None:
+    """A rollback at 106 s doubles the 4 s gap; the change made at 114 s is kept when judged
+    at 120 s, which halves it back: a gain the twin offers 6 s after that change is taken."""
+    pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50, min_gap_s=4.0))
+    moved = changed_at_100(pilot)
+    worse = [record(101 + 0.3 * i, 900.0) for i in range(10)]
+    undo = pilot.tick(106.0, moved, worse, no_attribution, fixed(0.5, 0.9))
+    assert undo is not None and undo.action == "rollback" and pilot.backoff == 2.0
+    pilot.applied(undo, version=8)
+    knobs = Knobs(max_num_seqs=8)
+    change = pilot.tick(114.0, knobs, missed(114), no_attribution, fixed(0.5, 0.9))
+    assert change is not None and change.action == "change"
+    pilot.applied(change, version=9)
+    moved = Knobs.model_validate({**knobs.model_dump(), **change.knob_values()})
+    # nothing attained before the change either (0% at 114 s): it is kept
+    again = pilot.tick(120.0, moved, missed(120), no_attribution, fixed(0.5, 0.9))
+    assert pilot.backoff == 1.0 and pilot.state != "rolled back"
+    assert again is not None and again.action == "change"
 
 
 def changed_at_100(pilot: Autopilot) -> Knobs:
@@ -463,6 +488,65 @@ def test_undoing_its_own_change_soon_needs_twice_the_gain() -> None:
     t = 101.0 + REVERSE_S
     undo = pilot.tick(t, knobs, missed(t), no_attribution, back)
     assert undo is not None and undo.changes == {"max_num_seqs": [16, 8]}
+
+
+def scoring(predicted: dict[str, tuple[float, float]], current: tuple[float, float]) -> Any:
+    """An evaluate predicting (attainment, goodput req/s) for each change by its values'
+    text (`predicted`), `current` for the knobs as they are and (0, 0) for the rest."""
+
+    def run(changes: list[dict[str, Any]], window_s: float, *_: Any) -> list[Trial]:
+        out = []
+        for c in changes:
+            attained, goodput = predicted.get(str(c), (0.0, 0.0)) if c else current
+            out.append(Trial(c, {"ttft_p90_ms": 100.0}, goodput, attained))
+        return out
+
+    return run
+
+
+def test_the_policy_is_weighed_only_when_allowed() -> None:
+    """The twin predicts most for shortest_first: without allow_policy that flip is never
+    offered and nothing else gains; with it the flip is among the candidates, and taken."""
+    best = scoring({str({"policy": "shortest_first"}): (0.9, 0.0)}, (0.5, 0.0))
+    knobs = Knobs(max_num_seqs=8)
+    denied = settings(ttft_p90_ms=500, tpot_p90_ms=50)
+    assert all("policy" not in c for c, _ in moves(knobs, denied, [], set()))
+    assert Autopilot(denied).tick(100.0, knobs, missed(100), no_attribution, best) is None
+    allowed = denied.model_copy(update={"allow_policy": True})
+    assert ({"policy": "shortest_first"}, (("policy", 0),)) in moves(knobs, allowed, [], set())
+    decision = Autopilot(allowed).tick(100.0, knobs, missed(100), no_attribution, best)
+    assert decision is not None and decision.changes == {"policy": ["fcfs", "shortest_first"]}
+
+
+def test_goodput_weight_can_change_which_candidate_scores_best() -> None:
+    """More slots attain 90% at 4 req/s, fewer 80% at 8 req/s: attainment alone picks more
+    slots; goodput weighed at 0.1 a req/s picks fewer."""
+    twin = scoring(
+        {str({"max_num_seqs": 16}): (0.9, 4.0), str({"max_num_seqs": 4}): (0.8, 8.0)}, (0.5, 4.0)
+    )
+    knobs = Knobs(max_num_seqs=8)
+    picked = {}
+    for weight in (0.0, 0.1):
+        s = settings(ttft_p90_ms=500, tpot_p90_ms=50, goodput_weight=weight)
+        decision = Autopilot(s).tick(100.0, knobs, missed(100), no_attribution, twin)
+        assert decision is not None
+        picked[weight] = decision.changes["max_num_seqs"][1]
+    assert picked == {0.0: 16, 0.1: 4}
+
+
+def test_with_goodput_in_the_score_full_attainment_leaves_room_to_gain() -> None:
+    """Every request attains with the knobs as they are: by attainment nothing can gain, but
+    twice the goodput can; no ceiling holds the pilot back from looking at it."""
+    twin = scoring({str({"max_num_seqs": 16}): (1.0, 8.0)}, (1.0, 4.0))
+    assert ceiling(settings()) == 1.0 - settings().gain
+    s = settings(ttft_p90_ms=500, tpot_p90_ms=50, goodput_weight=0.1)
+    assert ceiling(s) == math.inf
+    knobs = Knobs(max_num_seqs=8)
+    held = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50))
+    assert held.tick(100.0, knobs, missed(100), no_attribution, twin) is None
+    assert held.note.startswith("the twin predicts 100% attainment as the knobs are")
+    decision = Autopilot(s).tick(100.0, knobs, missed(100), no_attribution, twin)
+    assert decision is not None and decision.changes == {"max_num_seqs": [8, 16]}
 
 
 def test_when_nothing_attains_it_moves_only_to_drain_the_queue() -> None:
@@ -659,6 +743,23 @@ def test_a_refused_change_is_recorded_and_it_keeps_going() -> None:
     assert pilot.status()["last_decision"]["refused"].startswith("kv_capacity_blocks")
     assert pilot.state == "holding" and pilot.pending is None
     assert pilot.tick(101.0, knobs, recent, no_attribution, fixed(0.0, 0.9)) is not None
+
+
+def test_a_persons_change_while_the_engine_applies_ours_keeps_the_pause_shown() -> None:
+    recent = [record(95 + 0.4 * i, 900.0) for i in range(10)]
+    for outcome in ("applied", "refused"):
+        pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50, min_gap_s=0.0))
+        decision = pilot.tick(100.0, Knobs(max_num_seqs=8), recent, no_attribution, fixed(0.0, 0.9))
+        assert decision is not None
+        pilot.person_changed(100.5, "dashboard")
+        if outcome == "applied":
+            pilot.applied(decision, 3)
+        else:
+            pilot.refused(decision, "refused")
+        status = pilot.status()
+        assert status["state"] == "paused" and status["paused_until"] == 160.5, outcome
+        assert "dashboard" in status["note"]
+        assert status["last_decision"]["changes"] == decision.changes
 
 
 def test_settings_or_a_persons_change_while_the_twin_runs_stand() -> None:

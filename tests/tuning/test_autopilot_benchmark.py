@@ -6,12 +6,16 @@ import autopilot as bench  # benchmarks/ is on pytest's pythonpath
 import pytest
 from results_md import markers
 
+from api.loadgen import load_trace
+
 pytestmark = pytest.mark.slow  # four real servers replay a 12 s trace
 
 
 def test_quick_run_scores_every_kind_of_run(tmp_path: Path) -> None:
     results = tmp_path / "RESULTS.md"
-    out = bench.main(["--quick", "--results", str(results)])
+    trace = tmp_path / "trace.jsonl"
+    out = bench.main(["--quick", "--results", str(results), "--save-trace", str(trace)])
+    assert len(load_trace(trace)) == out["requests"]  # the file `moescope load` replayed
     kinds = [r["kind"] for r in out["runs"]]
     assert kinds == list(bench.KINDS)
     for r in out["runs"]:
@@ -32,6 +36,8 @@ def test_quick_run_scores_every_kind_of_run(tmp_path: Path) -> None:
     for pilot in out["runs"][2:]:
         assert pilot["notes"] and all(n["state"] != "off" for n in pilot["notes"])
     assert all(f"  - {phase} (" in text for phase in bench.PHASES)  # what it said, per phase
+    for kind in bench.KINDS:  # the per-phase table: a row for each kind of run and phase
+        assert all(f"| {kind} | {phase} | " in text for phase in bench.PHASES)
 
 
 def test_the_long_prompt_rate_is_a_share_of_the_prefill_rate_measured() -> None:
