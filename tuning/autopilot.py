@@ -501,12 +501,14 @@ class Autopilot:
         decision.version = version
         self.decisions.append(decision)
         self.last_change_t = decision.t
-        if decision.action == "change" and self.state != "paused":
+        if decision.action != "change":
+            return
+        if self.state != "paused":
             # a person's change taken while the engine applied this one keeps its pause shown
             self.state, self.note = "adjusting", decision.reason
-            if self.pending is not None:
-                for knob, direction in self.pending.move:
-                    self.last_moves[knob] = (direction, decision.t)
+        if self.pending is not None:
+            for knob, direction in self.pending.move:
+                self.last_moves[knob] = (direction, decision.t)
 
     def refused(self, decision: Decision, message: str) -> None:
         """The engine refused the change: record it and keep going."""
