@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -24,12 +25,14 @@ from api.live_window import AttributionView, LiveWindow
 from engine.errors import InvalidInput
 from engine.loop import EngineDead, EngineLoop
 from engine.queue_snapshot import QueueSnapshot
-from tuning.autopilot import Autopilot, Decision, Evaluate, trials_while_room
+from stats import SLO
+from tuning.autopilot import Autopilot, Decision, Evaluate
 from tuning.autopilot_settings import AutopilotSettings
-from tuning.cost_model import Rows, stack
-from tuning.experts import Routing, stacked
+from tuning.cost_model import stack
+from tuning.experts import stacked
 from tuning.live import arrival_window, stretched_horizon, twin_from_live
-from tuning.tune import Trial
+from tuning.tune import Trial, evaluate
+from tuning.whatif import Twin
 
 # the twin's thread yields the cores to the engine; at 19 it waited tens of seconds for its
 # first look whenever the engine's threads and another process kept both cores busy
@@ -138,9 +141,12 @@ class AutopilotRunner:
             s = self.settings
             young = arrival_window(snapshot.t - started_t)
 
-            @functools.cache  # once a tick, and only on a tick that asks the twin
-            def inputs() -> tuple[Routing, Rows]:
-                return stacked(*routed), stack(rows)
+            @functools.cache  # once a look, and only on a tick that asks the twin
+            def look(window: float, least: int) -> bytes:
+                # pickled here, so that this thread's CPU time counts it: the pool's feeder
+                # thread would do it unseen, on the server's GIL all the same
+                inputs = (stacked(*routed), stack(rows), view.records, snapshot, window, least)
+                return pickle.dumps((config, s, *inputs))
 
             def twin_trials(
                 changes: list[dict[str, Any]],
@@ -148,14 +154,9 @@ class AutopilotRunner:
                 errors: float = 0.0,
                 min_requests: int = 0,
             ) -> list[Trial]:
-                # pickled here, so that this thread's CPU time counts it: the pool's feeder
-                # thread would do it unseen, on the server's GIL all the same
-                window = min(window_s, young)
-                rec = view.records
-                payload = pickle.dumps(
-                    (config, *inputs(), rec, snapshot, window, s, changes, errors, min_requests)
-                )
-                trials, cpu_s = self._analysis.submit(live_trials, payload).result()
+                payload = look(min(window_s, young), min_requests)
+                future = self._analysis.submit(live_trials, payload, changes, errors)
+                trials, cpu_s = future.result()
                 self.cpu_s += cpu_s
                 return trials
 
@@ -216,20 +217,32 @@ class AutopilotRunner:
             self.pilot.applied(decision, version)
 
 
-def live_trials(payload: bytes) -> tuple[list[Trial], float]:
-    """In the analysis process: the live twin's trial of each of the changes in `payload`
-    (pickled arguments of `twin_trials`), and the CPU seconds they took, unpickling
-    included."""
+def live_trials(
+    look: bytes, changes: list[dict[str, Any]], errors: float
+) -> tuple[list[Trial], float]:
+    """In the analysis process: the live twin's trial of each of `changes`, its steps `errors`
+    held-out errors longer than its fit, and the CPU seconds they took, unpickling included.
+    `look` holds the pickled inputs of the autopilot's look (`_look_twin`)."""
     cpu0 = time.process_time()
-    config, routing, rows, records, snapshot, window_s, settings, changes, errors, least = (
-        pickle.loads(payload)
-    )
+    twin, horizon_s, slo = _look_twin(look)
+    tried = replace(twin, model=twin.model.off_by(errors))
+    trials = [evaluate(tried, c, slo, horizon_s) for c in changes]
+    return trials, time.process_time() - cpu0
+
+
+@functools.lru_cache(maxsize=1)
+def _look_twin(look: bytes) -> tuple[Twin, float, SLO]:
+    """The twin of one look (`look`: the pickled engine description, settings, routing, cost
+    model rows, ended records, queue snapshot, arrivals window and least requests), its
+    horizon and the targets. Kept for the look's later asks (its candidates, then its doubt):
+    they fit no model again, and find the expert loads drawn for step sizes seen (the draws
+    are seeded by size, so a twin kept gives what a new one would)."""
+    config, settings, routing, rows, records, snapshot, window_s, least = pickle.loads(look)
     horizon_s = stretched_horizon(
         snapshot.requests, records, snapshot.t, window_s, settings.horizon_s, least
     )
     twin, _ = twin_from_live(config, routing, rows, records, snapshot, window_s, horizon_s)
-    twin.model = twin.model.off_by(errors)
-    return trials_while_room(twin, changes, settings, horizon_s), time.process_time() - cpu0
+    return twin, horizon_s, settings.slo
 
 
 def _attribution(view: AttributionView, window_s: float) -> dict[str, Any] | None:

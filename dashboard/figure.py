@@ -32,7 +32,8 @@ def marker_colour(label: str) -> str:
 
 def hover_text(reason: str | None) -> str:
     """A knob change's reason as a marker's hover text: its words in lines of at most
-    HOVER_WIDTH characters joined by <br> ("" without a reason)."""
+    HOVER_WIDTH characters joined by <br> ("" without a reason), its "&" and "<" escaped:
+    plotly reads a hover's tags (a reason's "<b" would start one)."""
     lines: list[str] = []
     for word in re.split(r"[ \t\n\r\f\v]+", reason or ""):
         if not word:
@@ -41,7 +42,7 @@ def hover_text(reason: str | None) -> str:
             lines[-1] += " " + word
         else:
             lines.append(word)
-    return "<br>".join(lines)
+    return "<br>".join(line.replace("&", "&amp;").replace("<", "&lt;") for line in lines)
 
 
 def markers(marks: Markers) -> tuple[list[Layout], list[Layout]]:

@@ -18,8 +18,7 @@ from tuning.autopilot_moves import Move, moves
 from tuning.autopilot_settings import AutopilotSettings
 from tuning.load_shift import SHIFT_S, Arrival, Shift, longer_since, shift
 from tuning.outcome import request_tpot_ms
-from tuning.tune import Trial, evaluate
-from tuning.whatif import Twin
+from tuning.tune import Trial
 
 EXCESS_WEIGHT = 0.1  # halving a p90 above its target scores 7 points of attainment
 BACKLOG_WEIGHT = 0.5  # a queue left at the horizon of half the requests costs 25 points
@@ -62,11 +61,10 @@ class Evaluate(Protocol):
         min_requests: int = 0,
         /,
     ) -> list[Trial]:
-        """A trial for each knob change, the first ({}) the knobs as they are, with the twin
-        repeating the arrivals of the last `window_s` seconds, over a horizon long enough for
+        """A trial for each knob change ({} for the knobs as they are), with the twin repeating
+        the arrivals of the last `window_s` seconds, over a horizon long enough for
         `min_requests` (within bounds), and its steps `errors` of its held-out errors longer
-        than its fit (`CostModel.off_by`); after a first trial refused or scoring above the
-        `ceiling`, the rest may be left out."""
+        than its fit (`CostModel.off_by`)."""
         ...
 
 
@@ -144,7 +142,7 @@ class Autopilot:
         self.last_change_t = float("-inf")
         self.last_look_t = float("-inf")
         self.fruitless_looks = 0  # looks in a row that found nothing, no target missed anew
-        self.looked_at: set[str] = set()  # the targets missed at the last look
+        self.looked_at: set[str] = set()  # the targets missed at the looks since the backoff began
         self.paused_until = float("-inf")
         self.backoff = 1.0
         self.banned: dict[Move, float] = {}
@@ -228,15 +226,19 @@ class Autopilot:
             return None
         violated = self._violated(now)
         if not set(violated) <= self.looked_at or shifted:
-            # a target missed anew; fewer misses than at the last look are no reason to look
-            # sooner (in a heavy phase TTFT came and went between looks, and each return
-            # restarted the backoff)
+            # a target missed anew, at none of the looks since the backoff began; fewer misses
+            # are no reason to look sooner (in a heavy phase TTFT and TPOT came and went in
+            # turn between looks, and each return restarted the backoff)
             self.fruitless_looks = 0
         if t - self.last_look_t < self._look_gap(bool(violated)) and not shifted:
             self.state = "holding"
             self.note = "; ".join(violated.values()) or "targets met"
             return None
-        self.last_look_t, self.looked_at = t, set(violated)
+        self.last_look_t = t
+        self.looked_at = set(violated) | (self.looked_at if self.fruitless_looks else set())
+        if not violated and not shifted and self._attaining(now):
+            self.fruitless_looks += 1
+            return None
         why = {**violated, **({"load": f"load shifted: {shifted.text}"} if shifted else {})}
         hints = shifted.causes if shifted else ()
         window, least = self.arrivals_window(t), MIN_SIMULATED if shifted else 0
@@ -244,7 +246,7 @@ class Autopilot:
         def ask(changes: list[dict[str, Any]], errors: float) -> list[Trial]:
             return evaluate(changes, window, errors, least)
 
-        decision = self._choose(t, knobs, now, why, hints, attribution(), ask)
+        decision = self._choose(t, knobs, now, why, hints, attribution, ask)
         self.fruitless_looks = 0 if decision is not None else self.fruitless_looks + 1
         if decision is None and shifted and self.state == "holding":
             self.note = f"load shifted ({shifted.text}); {self.note}"
@@ -258,6 +260,21 @@ class Autopilot:
             # again as the new load's steps come in
             self.shifted = shifted
         return decision
+
+    def _attaining(self, now: Measured) -> bool:
+        """Whether `now`, with every target met, measured an attainment above the `ceiling`:
+        then, the load steady, no candidate can gain enough either, and the twin is not asked
+        (such looks were a quarter of its CPU on a phased load); the state says so. Not while
+        waiting for the twin to run at all: that wait is what the state shows."""
+        s = self.settings
+        if self.state == "waiting" or now.attainment is None or now.attainment <= ceiling(s):
+            return False
+        self.state = "holding"
+        self.note = (
+            f"targets met, {now.attainment:.0%} of {now.requests} requests attaining: no "
+            f"candidate can gain {s.gain:.2f} in score"
+        )
+        return True
 
     def _watch_load(self, t: float, arrivals: Sequence[Arrival]) -> None:
         """Note a shift in the arrivals against those of the last arrivals_s since the last
@@ -290,8 +307,8 @@ class Autopilot:
     def _look_gap(self, violated: bool) -> float:
         """Seconds between looks: look_s while a target is missed, explore_s while every one
         is met; doubled after each look that found nothing to do, until a target is missed
-        that was not at the last look (or the load shifts), up to MAX_LOOK_BACKOFF times: the
-        twin is most of the CPU the autopilot costs."""
+        that was at none of those looks (or the load shifts), up to MAX_LOOK_BACKOFF times:
+        the twin is most of the CPU the autopilot costs."""
         s = self.settings
         base = s.look_s if violated else s.explore_s
         return base * min(MAX_LOOK_BACKOFF, 2**self.fruitless_looks)
@@ -312,27 +329,19 @@ class Autopilot:
         now: Measured,
         violated: dict[str, str],
         hints: Sequence[str],
-        attribution: dict[str, Any] | None,
+        attribution: Attribution,
         ask: Ask,
     ) -> Decision | None:
         """`hints`: causes a shift in the load brings, weighed before the attribution's (of
-        requests that ended under the load before)."""
-        banned = {m for m, until in self.banned.items() if until > t}
-        causes = [*hints, *dominant_causes(attribution)]
-        candidates = moves(knobs, self.settings, causes, banned, together=hints)
-        if not candidates:
-            self.state, self.note = "holding", "no move left within the bounds"
-            return None
+        requests that ended under the load before). The twin weighs the knobs as they are
+        first: at most looks they leave no room (`ceiling`), and then neither the attribution
+        nor the candidates are worked out (each look that weighed the candidates too cost
+        three to five times as much)."""
         generation = self.generation
-        try:
-            trials = ask([{}] + [c for c, _ in candidates], 0.0)
-        except InvalidInput as exc:
-            if generation == self.generation:
-                self.state, self.note = "waiting", str(exc)
+        asked = self._asked(ask, [{}], generation)
+        if asked is None:
             return None
-        if generation != self.generation:
-            return None  # new settings or a person's change came while the twin ran: they stand
-        current, rest = trials[0], trials[1:]
+        (current,) = asked
         if current.outcome is None:
             self.state, self.note = "waiting", current.refused or "the twin cannot run"
             return None
@@ -342,6 +351,16 @@ class Autopilot:
                 f"the twin predicts {current.slo_attainment or 0:.0%} attainment as the knobs "
                 f"are: no candidate can gain {self.settings.gain:.2f} in score"
             )
+            return None
+        banned = {m for m, until in self.banned.items() if until > t}
+        attributed = attribution()
+        causes = [*hints, *dominant_causes(attributed)]
+        candidates = moves(knobs, self.settings, causes, banned, together=hints)
+        if not candidates:
+            self.state, self.note = "holding", "no move left within the bounds"
+            return None
+        rest = self._asked(ask, [c for c, _ in candidates], generation)
+        if rest is None:
             return None
         # nothing attains under any candidate: a lower p90 that still misses gains nothing, but
         # a queue that drains sooner lets the requests after it attain
@@ -374,10 +393,23 @@ class Autopilot:
             return None
         old = knobs.model_dump()
         changes = {k: [old[k], v] for k, v in best.changes.items()}
-        reason = change_reason(violated, attribution, changes, current, best)
+        reason = change_reason(violated, attributed, changes, current, best)
         decision = Decision(t, "change", reason, changes, predicted=prediction(best))
         self.pending = Pending(t, decision, now, move, current.slo_attainment)
         return decision
+
+    def _asked(
+        self, ask: Ask, changes: list[dict[str, Any]], generation: int
+    ) -> list[Trial] | None:
+        """The twin's trials of `changes`; None when it cannot run (why, in the state), or when
+        new settings or a person's change came while it ran: they stand."""
+        try:
+            trials = ask(changes, 0.0)
+        except InvalidInput as exc:
+            if generation == self.generation:
+                self.state, self.note = "waiting", str(exc)
+            return None
+        return trials if generation == self.generation else None
 
     def _doubt(self, best: Trial, gained: float, excess: bool, ask: Ask) -> str | None:
         """Why `best`'s predicted gain (`gained`) may be the twin's error, in words: with every
@@ -575,19 +607,6 @@ def ceiling(settings: AutopilotSettings) -> float:
     no score exceeds 1 (every request attaining) while goodput counts for nothing; with
     goodput in the score there is no such bound."""
     return 1.0 - settings.gain if settings.goodput_weight == 0 else math.inf
-
-
-def trials_while_room(
-    twin: Twin, changes: list[dict[str, Any]], settings: AutopilotSettings, horizon_s: float
-) -> list[Trial]:
-    """The twin's trial of each of `changes` over `horizon_s`, the first ({}) the knobs as
-    they are; only that one when the twin refused it or it scores above the `ceiling`: the
-    rest would cost CPU beside the engine for nothing."""
-    slo = settings.slo
-    first = evaluate(twin, changes[0], slo, horizon_s)
-    if first.outcome is None or score(first, settings) > ceiling(settings):
-        return [first]
-    return [first, *(evaluate(twin, c, slo, horizon_s) for c in changes[1:])]
 
 
 def dominant_causes(attribution: dict[str, Any] | None) -> list[str]:

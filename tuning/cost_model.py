@@ -13,6 +13,7 @@ sanely to larger batches than it saw, and `outside` says when a step lies far be
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -26,6 +27,7 @@ MIN_STEPS = 40  # busy steps needed to fit
 HOLDOUT_EVERY = 5  # every 5th step is held out to measure the fit error
 REACH = 2.0  # how far past the largest value seen a step may lie and still be predicted
 SHAPE = ("prefill_tokens", "prefill_attn_k", "decode_seqs", "decode_ctx_k", "expert_pairs_k")
+SHAPE_AT = np.array([FEATURES.index(name) for name in SHAPE])
 
 
 @dataclass(frozen=True)
@@ -51,8 +53,13 @@ class CostModel:
 
     def outside(self, x: np.ndarray) -> list[str]:
         """The shape features of `x` far beyond anything fitted ("not enough steps like this")."""
-        idx = [FEATURES.index(name) for name in SHAPE]
-        return [FEATURES[i] for i in idx if x[i] > REACH * max(self.seen_max[i], 1.0)]
+        beyond = x[SHAPE_AT] > self._reach
+        return [SHAPE[i] for i in np.flatnonzero(beyond)] if beyond.any() else []
+
+    @cached_property
+    def _reach(self) -> np.ndarray:
+        """How far each SHAPE feature may lie (the twin asks once a simulated step)."""
+        return REACH * np.maximum(self.seen_max[SHAPE_AT], 1.0)
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -44,23 +44,34 @@ def step_features(
 ) -> np.ndarray:
     """One row of FEATURES. `slots` as in StepTelemetry's batch.slots; `rank_pairs` the kept
     pairs each rank computed over all layers (as telemetry's a2a.rank_tokens), None with one."""
+    return np.array(batch_features(slots) + moe_features(kept_counts, rank_pairs, a2a_bytes))
+
+
+def batch_features(slots: list[dict[str, Any]]) -> list[float]:
+    """The BATCH part of a step's FEATURES."""
     prefill = [s for s in slots if s["phase"] == "prefill"]
     decode = [s for s in slots if s["phase"] == "decode"]
-    return np.array(
-        [
-            1.0,
-            sum(s["tokens"] for s in prefill),
-            len(prefill),
-            sum(s["tokens"] * s["ctx"] for s in prefill) / 1000,
-            len(decode),
-            sum(s["ctx"] for s in decode) / 1000,
-            float(kept_counts.sum()) / 1000,
-            float(kept_counts.max(axis=1).sum()) if kept_counts.size else 0.0,
-            float((kept_counts > 0).sum()),
-            0.0 if rank_pairs is None else float(rank_pairs.max()),
-            a2a_bytes / 1e6,
-        ]
-    )
+    return [
+        1.0,
+        sum(s["tokens"] for s in prefill),
+        len(prefill),
+        sum(s["tokens"] * s["ctx"] for s in prefill) / 1000,
+        len(decode),
+        sum(s["ctx"] for s in decode) / 1000,
+    ]
+
+
+def moe_features(
+    kept_counts: np.ndarray, rank_pairs: np.ndarray | None, a2a_bytes: int
+) -> list[float]:
+    """The MOE part of a step's FEATURES (see `step_features`)."""
+    return [
+        float(kept_counts.sum()) / 1000,
+        float(kept_counts.max(axis=1).sum()) if kept_counts.size else 0.0,
+        float((kept_counts > 0).sum()),
+        0.0 if rank_pairs is None else float(rank_pairs.max()),
+        a2a_bytes / 1e6,
+    ]
 
 
 def recorded_features(step: dict[str, Any], factor: float | None) -> np.ndarray:

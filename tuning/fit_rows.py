@@ -10,18 +10,16 @@ from typing import Any
 
 import numpy as np
 
-from tuning.cost_model import SHAPE, knobs_after, training_row
-from tuning.features import FEATURES
+from tuning.cost_model import SHAPE_AT, knobs_after, training_row
 
 RECENT = 4096  # rows of the latest steps, each a few hundred bytes
 PER_SHAPE = 16  # rows kept of each older shape
 MAX_SHAPES = 512  # older shapes kept, the least recently seen dropped first
-_SHAPE_AT = [FEATURES.index(name) for name in SHAPE]
 
 
 def shape_of(row: np.ndarray) -> tuple[int, ...]:
     """The binary order of magnitude of each SHAPE feature of a row."""
-    return tuple(int(math.log2(1.0 + row[i])) for i in _SHAPE_AT)
+    return tuple(int(math.log2(1.0 + row[i])) for i in SHAPE_AT)
 
 
 class FitRows:

@@ -25,7 +25,7 @@ from engine.scheduler import Scheduler, SchedulerOutput
 from engine.step_telemetry import expert_counts_info, step_telemetry
 from engine.telemetry import A2AInfo, Durations, RequestRecord, StepTelemetry
 from tuning.experts import ExpertDraw
-from tuning.features import capacity, kept, step_features
+from tuning.features import batch_features, capacity, kept, moe_features
 from tuning.trace import TraceItem
 
 PARAMS = {"temperature": 0.0, "ignore_eos": True}
@@ -60,6 +60,19 @@ class Cut(NamedTuple):
     ttft_ms: float | None
     tpot_ms: float | None
     waited_ms: float
+
+
+class Loads(NamedTuple):
+    """What a step's routed pairs [layers, experts] come to under the capacity cut and the
+    placement."""
+
+    counts: np.ndarray
+    kept: np.ndarray
+    ranks: np.ndarray | None  # kept pairs [layers, ranks]; None with one rank
+    moved: np.ndarray  # bytes [from][to]
+    moe: list[float]  # the MOE features
+    routed: int
+    dropped: int
 
 
 @dataclass
@@ -179,10 +192,7 @@ class _Sim:
     def _step(self, out: SchedulerOutput, arrived: int) -> None:
         res = self.result
         tokens = out.num_prefill_tokens + out.num_decode_tokens
-        counts = self.experts.draw(tokens)
-        factor = self.scheduler.knobs.expert_capacity_factor
-        kept_counts = kept(counts, capacity(factor, tokens, self.experts.top_k, counts.shape[1]))
-        ranks, moved = self._traffic(kept_counts, tokens)
+        loads = self._loads(self.experts.draw(tokens), tokens)
         slots = [
             {
                 "phase": "prefill" if c.is_prefill else "decode",
@@ -191,8 +201,7 @@ class _Sim:
             }
             for c in out.chunks
         ]
-        rank_pairs = None if ranks is None else ranks.sum(axis=0)
-        x = step_features(slots, kept_counts, rank_pairs, int(moved.sum()))
+        x = np.array(batch_features(slots) + loads.moe)  # the step's FEATURES
         self._note_outside(x)
         step_ms = self.model.step_ms(x)
         self.clock += self.model.period_ms(x) / 1000
@@ -200,14 +209,27 @@ class _Sim:
         res.num_steps += 1
         res.peak_kv_blocks = max(res.peak_kv_blocks, self.scheduler.blocks.num_used)
         res.preemptions += len(out.preempted)
-        res.routed_pairs += int(counts.sum())
-        res.dropped_pairs += int((counts - kept_counts).sum())
+        res.routed_pairs += loads.routed
+        res.dropped_pairs += loads.dropped
         if self.keep_steps:
-            res.steps.append(
-                self._telemetry(
-                    out, finished, arrived, counts, kept_counts, ranks, moved, step_ms, tokens
-                )
-            )
+            res.steps.append(self._telemetry(out, finished, arrived, loads, step_ms, tokens))
+
+    def _loads(self, counts: np.ndarray, tokens: int) -> Loads:
+        """The Loads of `counts`, drawn for a step of `tokens` (a size the draw hands each
+        array out for alone): worked out once for each array and capacity factor, for every
+        run on this draw (the MoE features were a fifth of the twin's CPU)."""
+        factor = self.scheduler.knobs.expert_capacity_factor
+        known = self.experts.loads.get((id(counts), factor))
+        if known is None:
+            cap = capacity(factor, tokens, self.experts.top_k, counts.shape[1])
+            kept_counts = kept(counts, cap)
+            ranks, moved = self._traffic(kept_counts, tokens)
+            rank_pairs = None if ranks is None else ranks.sum(axis=0)
+            moe = moe_features(kept_counts, rank_pairs, int(moved.sum()))
+            dropped = int((counts - kept_counts).sum())
+            known = Loads(counts, kept_counts, ranks, moved, moe, int(counts.sum()), dropped)
+            self.experts.loads[(id(counts), factor)] = known
+        return known
 
     def _advance(self, out: SchedulerOutput) -> list[Request]:
         """The engine's bookkeeping after a step; the requests that finished in it."""
@@ -259,15 +281,13 @@ class _Sim:
         out: SchedulerOutput,
         finished: list[Request],
         arrived: int,
-        counts: np.ndarray,
-        kept_counts: np.ndarray,
-        ranks: np.ndarray | None,
-        moved: np.ndarray,
+        loads: Loads,
         step_ms: float,
         tokens: int,
     ) -> StepTelemetry:
         ep = self.setup.placement.ep_size
-        dropped = (counts - kept_counts).sum(axis=1).tolist()
+        counts, ranks, moved = loads.counts, loads.ranks, loads.moved
+        dropped = (counts - loads.kept).sum(axis=1).tolist()
         a2a = A2AInfo(
             ep_size=ep,
             mode="modeled",

@@ -12,7 +12,8 @@ export function markerColour(label) {
 }
 
 /** A knob change's reason as a marker's hover text: its words in lines of at most HOVER_WIDTH
- * characters joined by <br> ("" without a reason). Lengths count code points, as Python's. */
+ * characters joined by <br> ("" without a reason), its "&" and "<" escaped: plotly reads a
+ * hover's tags. Lengths count code points, as Python's. */
 export function hoverText(reason) {
   const lines = [];
   const size = (s) => [...s].length;
@@ -24,7 +25,7 @@ export function hoverText(reason) {
       lines.push(word);
     }
   }
-  return lines.join("<br>");
+  return lines.map((line) => line.replaceAll("&", "&amp;").replaceAll("<", "&lt;")).join("<br>");
 }
 
 function axis(title, extra = {}) {

@@ -1,6 +1,7 @@
 """The live charts' panels in JavaScript on windows of synthetic frames: traces, axes and knob
 markers; the panels the Compare page also draws (dashboard/charts.py) carry the same data."""
 
+import html
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,8 @@ PANELS = ("batch", "usage", "kv", "queues", "kv_blocks", "experts", "imbalance",
 PANELS += ("a2a_volume", "ranks", "latency", "throughput", "step_time")
 TIME_SERIES = tuple(p for p in PANELS if p not in ("experts", "a2a"))
 Figure = dict[str, Any]
+# a reason with what plotly would read as tags and entities, and a line of just such words
+MARKUP = "a <b>tag</b> & &lt; 1 < 2 <br> " + "<" * 79
 
 
 @pytest.fixture(scope="module")
@@ -223,6 +226,8 @@ def test_a_markers_hover_holds_its_reason_wrapped_as_in_python(page: Page) -> No
     assert hovers[0].startswith("p90 TTFT 1.9 s > 800 ms target (70% of p90 TTFT is queueing")
     assert hovers[2].split("<br>")[0] == "🚀" * 50 + " 🚀🚀" * 10  # code points, as Python counts
     assert hovers[3] == f"{'c' * 39} {'d' * 40}<br>{'a' * 40}<br>{'b' * 40}"  # 80 fit, 81 not
+    escaped = "a &lt;b>tag&lt;/b> &amp; &amp;lt; 1 &lt; 2 &lt;br><br>" + "&lt;" * 79
+    assert run(page, "(m, reason) => m.hoverText(reason)", MARKUP) == hover_text(MARKUP) == escaped
 
 
 def test_a_recorded_autopilot_change_shows_its_reason_on_the_replayed_chart(
@@ -247,10 +252,14 @@ DRAW = """(fig) => {
 }"""
 
 
-def test_plotly_shows_the_reason_when_the_autopilots_marker_is_hovered(page: Page) -> None:
-    """Drawn by plotly.js, hovering the autopilot's label shows its reason, a line per <br>."""
+@pytest.mark.parametrize("reason", [REASONS[0], MARKUP])
+def test_plotly_shows_the_reason_when_the_autopilots_marker_is_hovered(
+    page: Page, reason: str
+) -> None:
+    """Drawn by plotly.js, hovering the autopilot's label shows its reason, a line per <br>,
+    tag-like words in it as written."""
     steps = frames()
-    steps[20]["knob_changes"] = [autopilot_change(3, {"max_num_seqs": [4, 8]}, REASONS[0])]
+    steps[20]["knob_changes"] = [autopilot_change(3, {"max_num_seqs": [4, 8]}, reason)]
     fig = js_panel(page, "latency", steps)
     assert page.context.browser is not None
     drawn = blank_page(page.context.browser)
@@ -259,9 +268,10 @@ def test_plotly_shows_the_reason_when_the_autopilots_marker_is_hovered(page: Pag
         drawn.evaluate(DRAW, fig)
         drawn.locator(".annotation").nth(1).hover()
         lines = drawn.locator(".hoverlayer .hovertext text tspan.line")
-        expect(lines).to_have_count(hover_text(REASONS[0]).count("<br>") + 1)
-        assert [lines.nth(i).text_content() for i in range(lines.count())] == hover_text(
-            REASONS[0]
-        ).split("<br>")
+        wrapped = hover_text(reason).split("<br>")
+        expect(lines).to_have_count(len(wrapped))
+        shown = [lines.nth(i).text_content() for i in range(lines.count())]
+        assert shown == [html.unescape(line) for line in wrapped]
+        assert " ".join(shown).split() == reason.split()
     finally:
         drawn.close()
