@@ -58,10 +58,10 @@ class ExpertDraw:
         self.popularity = total / total.sum(axis=1, keepdims=True)
         self.seed = seed
         self.drawn: dict[tuple[int, int, int], np.ndarray] = {}
-        # what the simulator works out from an array handed out, by the array's id and the
-        # capacity factor (tuning.simulator.Loads): every array handed out is kept here (in
-        # by_size or drawn) as long as this draw, so no id is reused
-        self.loads: dict[tuple[int, float | None], Any] = {}
+        # what the simulator works out from an array handed out (tuning.simulator.Loads), by
+        # the array's id (each is kept in by_size or drawn as long as this draw, so no id is
+        # reused), the capacity factor and what the traffic depends on (Loads.key)
+        self.loads: dict[tuple[Any, ...], Any] = {}
         self.restart()
 
     @property

@@ -216,10 +216,13 @@ class _Sim:
 
     def _loads(self, counts: np.ndarray, tokens: int) -> Loads:
         """The Loads of `counts`, drawn for a step of `tokens` (a size the draw hands each
-        array out for alone): worked out once for each array and capacity factor, for every
-        run on this draw (the MoE features were a fifth of the twin's CPU)."""
+        array out for alone): worked out once for each array, capacity factor and placement,
+        for every run on this draw (the MoE features were a fifth of the twin's CPU)."""
         factor = self.scheduler.knobs.expert_capacity_factor
-        known = self.experts.loads.get((id(counts), factor))
+        placement = self.setup.placement
+        # the placement itself, not its id: the key holds it, so no other takes its id
+        key = (id(counts), factor, placement, placement.version, self.setup.row_bytes)
+        known = self.experts.loads.get(key)
         if known is None:
             cap = capacity(factor, tokens, self.experts.top_k, counts.shape[1])
             kept_counts = kept(counts, cap)
@@ -228,7 +231,7 @@ class _Sim:
             moe = moe_features(kept_counts, rank_pairs, int(moved.sum()))
             dropped = int((counts - kept_counts).sum())
             known = Loads(counts, kept_counts, ranks, moved, moe, int(counts.sum()), dropped)
-            self.experts.loads[(id(counts), factor)] = known
+            self.experts.loads[key] = known
         return known
 
     def _advance(self, out: SchedulerOutput) -> list[Request]:

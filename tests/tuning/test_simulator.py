@@ -167,6 +167,32 @@ def test_a_capacity_factor_drops_exactly_what_the_recorded_loads_would() -> None
     assert sim.routed_pairs == sum(int(np.sum(s["experts"]["counts"])) for s in steps)
 
 
+def test_a_draw_shared_by_runs_gives_each_what_a_fresh_draw_would() -> None:
+    """What the simulator keeps per drawn array (kept pairs, traffic, MoE features) is reused
+    across runs on one draw only under the same capacity factor and placement: a run under
+    another factor, or on two ranks, sees what it would on a draw of its own."""
+    knobs = KNOB_SETS[0]
+    steps, trace = run_engine(knobs, workload(0))
+    one_rank = engine_setup(caching=False)
+    layers, experts = np.asarray(steps[0]["experts"]["counts"]).shape
+    placement = Placement.contiguous(layers, experts, 2)
+    two_ranks = Setup(one_rank.cache, "continuous", placement, 64, one_rank.max_model_len)
+    durations = [s["dur_ms"]["total"] for s in steps]
+    shared = ExpertDraw(routing(steps))
+
+    def run(factor: float | None, setup: Setup, draw: ExpertDraw) -> list[Any]:
+        full = Knobs.model_validate({**Knobs().model_dump(), **knobs})
+        full = full.model_copy(update={"expert_capacity_factor": factor})
+        sim = simulate(trace, full, setup, RecordedCost(durations), draw, keep_steps=True)
+        return [sim.dropped_pairs, [(s.a2a.bytes, s.a2a.rank_tokens) for s in sim.steps]]
+
+    runs = [(None, one_rank), (1.0, one_rank), (None, two_ranks), (None, one_rank)]
+    got = [run(factor, setup, shared) for factor, setup in runs]
+    assert got == [run(factor, setup, ExpertDraw(routing(steps))) for factor, setup in runs]
+    assert got[1][0] > 0 == got[0][0]  # the factor drops pairs
+    assert got[2][1] != got[0][1]  # two ranks move bytes
+
+
 def test_a_request_with_its_kv_in_place_decodes_on_where_another_prefills_again() -> None:
     """A live engine's running request (1500 tokens, all but the last in KV) takes one token's
     step to its next token; the same request without its KV prefills 1500 tokens first."""
