@@ -236,8 +236,13 @@ class Autopilot:
             return None
         self.last_look_t = t
         self.looked_at = set(violated) | (self.looked_at if self.fruitless_looks else set())
-        if not violated and not shifted and self._attaining(now):
+        if not violated and not shifted and self._no_room_measured(now):
             self.fruitless_looks += 1
+            self.state = "holding"
+            self.note = (
+                f"targets met, {now.attainment:.0%} of {now.requests} requests attaining: no "
+                f"candidate can gain {s.gain:.2f} in score"
+            )
             return None
         why = {**violated, **({"load": f"load shifted: {shifted.text}"} if shifted else {})}
         hints = shifted.causes if shifted else ()
@@ -261,20 +266,14 @@ class Autopilot:
             self.shifted = shifted
         return decision
 
-    def _attaining(self, now: Measured) -> bool:
-        """Whether `now`, with every target met, measured an attainment above the `ceiling`:
-        then, the load steady, no candidate can gain enough either, and the twin is not asked
-        (such looks were a quarter of its CPU on a phased load); the state says so. Not while
-        waiting for the twin to run at all: that wait is what the state shows."""
-        s = self.settings
-        if self.state == "waiting" or now.attainment is None or now.attainment <= ceiling(s):
+    def _no_room_measured(self, now: Measured) -> bool:
+        """Whether `now` measured an attainment above the `ceiling`: with every target met
+        and the load steady, no candidate can gain enough either, and the twin need not be
+        asked (such looks were a quarter of its CPU on a phased load). Not while waiting for
+        the twin to run at all: that wait is what the state shows."""
+        if self.state == "waiting" or now.attainment is None:
             return False
-        self.state = "holding"
-        self.note = (
-            f"targets met, {now.attainment:.0%} of {now.requests} requests attaining: no "
-            f"candidate can gain {s.gain:.2f} in score"
-        )
-        return True
+        return now.attainment > ceiling(self.settings)
 
     def _watch_load(self, t: float, arrivals: Sequence[Arrival]) -> None:
         """Note a shift in the arrivals against those of the last arrivals_s since the last

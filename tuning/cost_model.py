@@ -27,7 +27,8 @@ MIN_STEPS = 40  # busy steps needed to fit
 HOLDOUT_EVERY = 5  # every 5th step is held out to measure the fit error
 REACH = 2.0  # how far past the largest value seen a step may lie and still be predicted
 SHAPE = ("prefill_tokens", "prefill_attn_k", "decode_seqs", "decode_ctx_k", "expert_pairs_k")
-SHAPE_AT = np.array([FEATURES.index(name) for name in SHAPE])
+SHAPE_AT = tuple(FEATURES.index(name) for name in SHAPE)
+_SHAPE_INDEX = np.array(SHAPE_AT)  # to index arrays with; a tuple iterates faster (fit_rows)
 
 
 @dataclass(frozen=True)
@@ -53,13 +54,13 @@ class CostModel:
 
     def outside(self, x: np.ndarray) -> list[str]:
         """The shape features of `x` far beyond anything fitted ("not enough steps like this")."""
-        beyond = x[SHAPE_AT] > self._reach
+        beyond = x[_SHAPE_INDEX] > self._reach
         return [SHAPE[i] for i in np.flatnonzero(beyond)] if beyond.any() else []
 
     @cached_property
     def _reach(self) -> np.ndarray:
         """How far each SHAPE feature may lie (the twin asks once a simulated step)."""
-        return REACH * np.maximum(self.seen_max[SHAPE_AT], 1.0)
+        return REACH * np.maximum(self.seen_max[_SHAPE_INDEX], 1.0)
 
     def describe(self) -> dict[str, Any]:
         return {
