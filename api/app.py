@@ -19,19 +19,20 @@ from api import (
     telemetry_ws,
     whatif,
 )
-from api.analysis import Analysis
 from api.auth import GuardMiddleware
-from api.autopilot_runner import AutopilotRunner
 from api.errors import install_error_handlers
-from api.fit_seed import seed
-from api.live_window import LiveWindow
-from api.metrics import Metrics
-from api.scorecard import Scorecard
 from api.sessions import open_storage, session_meta
-from api.settings import ServerSettings
-from api.twins import Twins
 from engine.loop import EngineLoop
-from tuning.live import ARRIVAL_WINDOW_S
+from server.analysis import Analysis
+from server.autopilot_runner import AutopilotRunner
+from server.fit_seed import seed
+from server.live_window import LiveWindow
+from server.metrics import Metrics
+from server.scorecard import Scorecard
+from server.settings import ServerSettings
+from server.state import ServerState
+from server.twins import Twins
+from tuning.twin.live import ARRIVAL_WINDOW_S
 
 WINDOW_DRAIN_S = 0.1  # how often the live window takes in new steps (and sees knob changes)
 
@@ -55,7 +56,7 @@ def create_app(engine_loop: EngineLoop, settings: ServerSettings | None = None) 
                 store.close()
             raise
     # the server's simulations, off its GIL; the modules of the functions it runs
-    analysis = Analysis(preload=("api.twins", "api.autopilot_runner"))
+    analysis = Analysis(preload=("server.twins", "server.autopilot_runner"))
     twins = Twins(engine_loop, window, store, analysis)
     scorecard = Scorecard(twins, window, engine_loop.engine.session, settings.whatif_horizon_s)
     pilot = AutopilotRunner(engine_loop, window, settings.autopilot, analysis)
@@ -70,14 +71,14 @@ def create_app(engine_loop: EngineLoop, settings: ServerSettings | None = None) 
         window.subscribe()
         engine_loop.start()
         task = None
-        if app.state.metrics is not None:
-            task = asyncio.create_task(app.state.metrics.run(settings.metrics_interval_s))
+        if state.metrics is not None:
+            task = asyncio.create_task(state.metrics.run(settings.metrics_interval_s))
         window_task = asyncio.create_task(window.run(WINDOW_DRAIN_S))
         pilot_task = asyncio.create_task(pilot.run())
         try:
             yield
         finally:
-            rerun = app.state.rerun.task if app.state.rerun else None
+            rerun = state.rerun.task if state.rerun else None
             tasks = [t for t in (task, window_task, pilot_task, rerun) if t]
             for t in tasks:
                 t.cancel()
@@ -90,17 +91,19 @@ def create_app(engine_loop: EngineLoop, settings: ServerSettings | None = None) 
                 store.close()
 
     app = FastAPI(title="moescope", version="0.1.0", lifespan=lifespan)
-    app.state.engine_loop = engine_loop
-    app.state.settings = settings
-    app.state.metrics = Metrics(engine_loop, settings.model_name) if settings.metrics else None
-    app.state.store = store
-    app.state.recorder = recorder
-    app.state.rerun = None
-    app.state.twins = twins
-    app.state.window = window
-    app.state.fit_from = fit_from
-    app.state.scorecard = scorecard
-    app.state.autopilot = pilot
+    state = ServerState(
+        engine_loop=engine_loop,
+        settings=settings,
+        window=window,
+        twins=twins,
+        scorecard=scorecard,
+        autopilot=pilot,
+        metrics=Metrics(engine_loop, settings.model_name) if settings.metrics else None,
+        store=store,
+        recorder=recorder,
+        fit_from=fit_from,
+    )
+    app.state.server = state
     install_error_handlers(app)
     routers = (
         openai_routes,

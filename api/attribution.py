@@ -13,11 +13,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 
 from api.errors import APIError
-from api.live_attribution import live_report, live_timeline
-from api.live_window import AttributionView, LiveWindow
-from api.session_attribution import BUCKET_S, RECENT, session_report, session_timeline
 from api.sessions import require_store, session_not_found
 from engine.errors import InvalidInput
+from server.live_attribution import TimelineMissing, live_report, live_timeline
+from server.live_window import AttributionView, LiveWindow
+from server.session_attribution import BUCKET_S, RECENT, session_report, session_timeline
+from server.state import state_of
 from storage import SessionNotFound
 
 router = APIRouter()
@@ -32,8 +33,11 @@ Recent = Annotated[int, Query(ge=0, le=1000)]
 async def request_timeline(request: Request, request_id: str) -> dict[str, Any]:
     """An ended request's latencies split by cause, from the live window."""
     view = _view(request)
-    recorder = request.app.state.recorder
-    return await asyncio.to_thread(live_timeline, view, request_id, recorder)
+    recorder = state_of(request.app).recorder
+    try:
+        return await asyncio.to_thread(live_timeline, view, request_id, recorder)
+    except TimelineMissing as e:
+        raise APIError(404, str(e), "request_id") from e
 
 
 @router.get("/api/attribution")
@@ -50,7 +54,7 @@ async def attribution(
 
 def _view(request: Request) -> AttributionView:
     """The live window, brought up to date and copied (on the event loop, which it belongs to)."""
-    window: LiveWindow = request.app.state.window
+    window: LiveWindow = state_of(request.app).window
     window.drain()
     return window.attribution_view()
 

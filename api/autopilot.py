@@ -5,11 +5,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Query, Request
 from pydantic import ValidationError
 
-from api.autopilot_runner import AutopilotRunner
 from api.errors import APIError, describe_errors
 from engine.errors import InvalidInput
-from tuning.autopilot import HISTORY
-from tuning.autopilot_settings import AutopilotSettings
+from server.autopilot_runner import AutopilotRunner
+from server.state import state_of
+from tuning.autopilot.pilot import HISTORY
+from tuning.autopilot.settings import AutopilotSettings
 
 router = APIRouter()
 
@@ -20,14 +21,14 @@ def get_autopilot(
 ) -> dict[str, Any]:
     """Settings, state (off, waiting, holding, adjusting, rolled back, paused) with why, the
     decisions newest first, each with its reason, and the last `history` measurements."""
-    runner: AutopilotRunner = request.app.state.autopilot
+    runner: AutopilotRunner = state_of(request.app).autopilot
     return runner.status(history)
 
 
 @router.put("/api/autopilot")
 def put_autopilot(request: Request, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
     """Change some settings (the rest stay): enable, targets, knobs and bounds, pacing."""
-    runner: AutopilotRunner = request.app.state.autopilot
+    runner: AutopilotRunner = state_of(request.app).autopilot
     try:
         settings = AutopilotSettings.model_validate({**runner.settings.model_dump(), **body})
     except ValidationError as exc:

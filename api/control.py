@@ -1,7 +1,6 @@
 """Control endpoints: /api/status, GET/PATCH /api/knobs, /api/knobs/history."""
 
 import asyncio
-from dataclasses import asdict
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, Request
@@ -10,12 +9,11 @@ from api.errors import APIError
 from engine.errors import InvalidInput
 from engine.knobs import knob_schema
 from engine.loop import EngineDead, EngineLoop
+from server.autopilot_runner import AUTOPILOT_ORIGIN
+from server.engine_info import engine_description
+from server.state import state_of
 
 router = APIRouter()
-
-# the origin of the SLO autopilot's own changes (api.autopilot_runner): a person's change
-# sent under it would neither pause the autopilot nor be drawn as a person's
-AUTOPILOT_ORIGIN = "autopilot"
 
 JSON_TYPES: dict[str, tuple[type, ...]] = {
     "integer": (int,),
@@ -43,28 +41,11 @@ def live_knob_schema(engine_loop: EngineLoop) -> dict[str, dict[str, Any]]:
     return knob_schema(engine_loop.engine.blocks.total)
 
 
-def engine_description(engine_loop: EngineLoop) -> dict[str, Any]:
-    """The model and engine configs as JSON-ready dicts."""
-    cfg = engine_loop.engine.config
-    return {
-        "model_config": asdict(engine_loop.engine.model_config),
-        "engine_config": {
-            "model": cfg.model,
-            "dtype": str(cfg.dtype).removeprefix("torch."),
-            "device": cfg.device,
-            "seed": cfg.seed,
-            "batching": cfg.batching,
-            "cache": asdict(cfg.cache),
-            "parallel": asdict(cfg.parallel),
-        },
-    }
-
-
 @router.get("/api/status")
 async def status(request: Request) -> dict[str, Any]:
-    engine_loop: EngineLoop = request.app.state.engine_loop
-    settings = request.app.state.settings
-    recorder = request.app.state.recorder
+    engine_loop: EngineLoop = state_of(request.app).engine_loop
+    settings = state_of(request.app).settings
+    recorder = state_of(request.app).recorder
     max_len = engine_loop.engine.model_config.max_model_len
     return {
         "model": settings.model_name,
@@ -80,16 +61,16 @@ async def status(request: Request) -> dict[str, Any]:
             "api_key": settings.api_key is not None,
             "admin_key": settings.admin_key is not None,
         },
-        "metrics": request.app.state.metrics is not None,
+        "metrics": state_of(request.app).metrics is not None,
         "recorder": recorder.stats() if recorder is not None else {"recording": False},
-        "fit_from": request.app.state.fit_from,
+        "fit_from": state_of(request.app).fit_from,
         **engine_loop.summary(),
     }
 
 
 @router.get("/api/knobs")
 async def get_knobs(request: Request) -> dict[str, Any]:
-    engine_loop: EngineLoop = request.app.state.engine_loop
+    engine_loop: EngineLoop = state_of(request.app).engine_loop
     s = engine_loop.summary()
     return {
         "knobs": s["knobs"],
@@ -106,7 +87,7 @@ async def patch_knobs(
     origin: Annotated[str, Query(min_length=1, max_length=64)] = "api",
 ) -> dict[str, Any]:
     """Validate the change as a whole; it applies at the next step boundary."""
-    engine_loop: EngineLoop = request.app.state.engine_loop
+    engine_loop: EngineLoop = state_of(request.app).engine_loop
     if origin == AUTOPILOT_ORIGIN:
         raise APIError(
             422,
@@ -133,4 +114,4 @@ async def patch_knobs(
 @router.get("/api/knobs/history")
 async def knob_history(request: Request) -> dict[str, Any]:
     """Applied knob changes, oldest first: version, time, origin, {field: [old, new]}."""
-    return {"changes": request.app.state.engine_loop.knob_history()}
+    return {"changes": state_of(request.app).engine_loop.knob_history()}

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.errors import APIError
 from engine.errors import InvalidInput, Refused
 from engine.loop import EngineDead, EngineLoop
+from server.state import state_of
 
 router = APIRouter()
 
@@ -23,7 +24,7 @@ class RebalanceRequest(BaseModel):
 @router.get("/api/experts")
 async def placement(request: Request) -> dict[str, Any]:
     """Which experts each rank hosts, per layer, and how the all-to-all is known."""
-    engine_loop: EngineLoop = request.app.state.engine_loop
+    engine_loop: EngineLoop = state_of(request.app).engine_loop
     p = engine_loop.engine.placement
     return {
         "ep_size": p.ep_size,
@@ -38,7 +39,7 @@ async def rebalance(
     request: Request, body: Annotated[RebalanceRequest | None, Body()] = None
 ) -> dict[str, Any]:
     """New placement from the last `window` steps' expert loads, switched between two steps."""
-    engine_loop: EngineLoop = request.app.state.engine_loop
+    engine_loop: EngineLoop = state_of(request.app).engine_loop
     body = body or RebalanceRequest()
     try:
         return await asyncio.wrap_future(engine_loop.rebalance(body.window, body.replicas))

@@ -19,11 +19,12 @@ from api.protocol import (
     Utf8JSONRoute,
     render_chat,
 )
-from api.settings import ServerSettings
 from engine.errors import InvalidInput
 from engine.loop import EngineDead, EngineLoop
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from server.settings import ServerSettings
+from server.state import state_of
 
 router = APIRouter(route_class=Utf8JSONRoute)
 
@@ -97,7 +98,7 @@ class Job:
 
 
 def _state(request: Request) -> tuple[EngineLoop, ServerSettings]:
-    return request.app.state.engine_loop, request.app.state.settings
+    return state_of(request.app).engine_loop, state_of(request.app).settings
 
 
 def _params(body: SamplingFields, max_tokens: int) -> SamplingParams:

@@ -20,6 +20,7 @@ from fastapi import APIRouter, WebSocket
 from starlette.datastructures import QueryParams
 
 from api.telemetry_ws import parse_query
+from server.state import state_of
 from storage import SessionNotFound, Store
 from storage.queries import require_session
 from storage.replay import Pacer, StepCursor
@@ -174,7 +175,7 @@ class _Player:
 @router.websocket("/ws/replay/{session_id}")
 async def replay(ws: WebSocket, session_id: str) -> None:
     await ws.accept()
-    store: Store | None = ws.app.state.store
+    store: Store | None = state_of(ws.app).store
     try:
         if store is None:
             raise _Refused(503, "no session database: start the server with --db URL")

@@ -11,15 +11,16 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.control import engine_description
 from api.errors import APIError
-from api.rerun import Rerun, run_rerun
-from api.settings import ServerSettings
 from engine.loop import EngineLoop
+from server.engine_info import engine_description
+from server.rerun import Rerun, run_rerun
+from server.settings import ServerSettings
+from server.state import state_of
 from storage import Recorder, SessionNotFound, Store
 from storage import queries as q
 from storage.export import iter_jsonl, write_parquet
-from tuning.trace import trace_of
+from tuning.twin.trace import trace_of
 
 router = APIRouter()
 
@@ -52,7 +53,7 @@ def session_meta(engine_loop: EngineLoop, model_name: str) -> dict[str, Any]:
 
 
 def require_store(request: Request) -> Store:
-    store: Store | None = request.app.state.store
+    store: Store | None = state_of(request.app).store
     if store is None:
         raise APIError(503, "no session database: start the server with --db URL")
     return store
@@ -76,7 +77,7 @@ def list_sessions(
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> dict[str, Any]:
     """Newest first, with duration, steps, requests, model and the knobs at start."""
-    recorder: Recorder | None = request.app.state.recorder
+    recorder: Recorder | None = state_of(request.app).recorder
     return {
         "sessions": q.list_sessions(require_store(request), limit, offset),
         "recording": recorder.current_session if recorder else None,
@@ -89,8 +90,8 @@ def get_session(request: Request, session_id: str) -> dict[str, Any]:
         out = q.get_session(require_store(request), session_id)
     except SessionNotFound:
         raise session_not_found(session_id) from None
-    rerun: Rerun | None = request.app.state.rerun
-    recorder: Recorder | None = request.app.state.recorder
+    rerun: Rerun | None = state_of(request.app).rerun
+    recorder: Recorder | None = state_of(request.app).recorder
     out["recording"] = recorder is not None and session_id == recorder.current_session
     if rerun is not None and rerun.session == session_id:
         out["rerun"] = rerun.progress()
@@ -132,7 +133,7 @@ def get_requests(request: Request, session_id: str) -> dict[str, Any]:
 
 @router.delete("/api/sessions/{session_id}")
 def delete_session(request: Request, session_id: str) -> dict[str, Any]:
-    recorder: Recorder | None = request.app.state.recorder
+    recorder: Recorder | None = state_of(request.app).recorder
     if recorder is not None and session_id in (recorder.main_session, recorder.current_session):
         raise APIError(409, f"session {session_id!r} is being recorded", "session_id")
     try:
@@ -195,12 +196,12 @@ async def rerun_session(
     speed: Annotated[float, Query(gt=0, le=1000)] = 1.0,
 ) -> dict[str, Any]:
     """Replay the session's request trace on the live engine as a new, linked session."""
-    app = request.app
-    store, recorder = require_store(request), app.state.recorder
+    state = state_of(request.app)
+    store, recorder = require_store(request), state.recorder
     if recorder is None:
         raise APIError(409, "recording is off (--no-record): a rerun could not be recorded")
-    if app.state.rerun is not None and not app.state.rerun.done:
-        raise APIError(409, f"rerun {app.state.rerun.session!r} is still running")
+    if state.rerun is not None and not state.rerun.done:
+        raise APIError(409, f"rerun {state.rerun.session!r} is still running")
     try:
         records = await asyncio.to_thread(q.requests, store, session_id)
         if not records:
@@ -211,14 +212,14 @@ async def rerun_session(
         raise APIError(
             422, f"session {session_id!r} has no recorded requests to rerun", "session_id"
         )
-    engine_loop: EngineLoop = app.state.engine_loop
+    engine_loop = state.engine_loop
     new = recorder.begin_session(
         "rerun",
         parent_id=session_id,
         label=f"rerun of {session_id}",
-        **session_meta(engine_loop, app.state.settings.model_name),
+        **session_meta(engine_loop, state.settings.model_name),
     )
     rerun = Rerun(new, session_id, trace_of(records), speed)
     rerun.task = asyncio.create_task(run_rerun(rerun, engine_loop, recorder))
-    app.state.rerun = rerun
+    state.rerun = rerun
     return rerun.progress()

@@ -7,7 +7,7 @@ the session recorder runs, each message carries `recorder` {ok, dropped, pending
 the database takes writes, steps the recorder dropped so far, steps waiting to be written.
 `bundle=1` sends the steps ready at once as one JSON array per message instead (the
 dashboard's choice: one send per burst rather than one per step). All clients share one bus
-subscription and one encoding per step and selection (api/telemetry_fanout.py); messages
+subscription and one encoding per step and selection (server/telemetry_fanout.py); messages
 leave in bursts at most every 50 ms.
 """
 
@@ -18,9 +18,9 @@ from typing import Any
 from fastapi import APIRouter, WebSocket
 from starlette.datastructures import QueryParams
 
-from api.telemetry_fanout import ClientQueue, TelemetryFanout
 from engine.telemetry import StepTelemetry
-from storage import Recorder
+from server.state import state_of
+from server.telemetry_fanout import ClientQueue, TelemetryFanout
 
 router = APIRouter()
 EXTRA_FIELDS = ("recorder",)
@@ -56,16 +56,15 @@ def parse_bundle(query: QueryParams) -> bool:
 
 def fanout(app: Any) -> TelemetryFanout:
     """The app's one TelemetryFanout, made on first use."""
-    hub: TelemetryFanout | None = getattr(app.state, "telemetry_fanout", None)
-    if hub is None:
-        recorder: Recorder | None = app.state.recorder
-        hub = TelemetryFanout(
-            app.state.engine_loop.bus,
-            app.state.settings.ws_buffer,
+    state = state_of(app)
+    if state.telemetry_fanout is None:
+        recorder = state.recorder
+        state.telemetry_fanout = TelemetryFanout(
+            state.engine_loop.bus,
+            state.settings.ws_buffer,
             recorder.brief if recorder is not None else None,
         )
-        app.state.telemetry_fanout = hub
-    return hub
+    return state.telemetry_fanout
 
 
 async def _send(ws: WebSocket, client: ClientQueue) -> None:

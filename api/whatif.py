@@ -9,11 +9,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.control import check_knob_types, live_knob_schema
 from api.errors import APIError
-from api.scorecard import KEEP, Scorecard
 from api.sessions import require_store
-from api.twins import Twins
 from engine.errors import InvalidInput
 from engine.loop import EngineDead
+from server.scorecard import KEEP, Scorecard
+from server.state import state_of
+from server.twins import Twins
 from storage import SessionNotFound
 from storage import scorecard as db
 
@@ -32,10 +33,10 @@ class WhatIfBody(BaseModel):
 @router.post("/api/whatif")
 async def whatif(request: Request, body: WhatIfBody) -> dict[str, Any]:
     """Current and candidate knobs side by side in the twin, with the fit error and wall time."""
-    twins: Twins = request.app.state.twins
+    twins: Twins = state_of(request.app).twins
     if not body.knobs:
         raise APIError(422, 'no knobs given; send {"knobs": {"max_num_seqs": 8}, ...}', "knobs")
-    check_knob_types(body.knobs, live_knob_schema(request.app.state.engine_loop))
+    check_knob_types(body.knobs, live_knob_schema(state_of(request.app).engine_loop))
     try:
         if body.source == "live":
             return await twins.live(body.knobs, body.horizon_s)
@@ -54,7 +55,7 @@ async def scorecard(
     request: Request, limit: Annotated[int, Query(ge=1, le=1000)] = 50
 ) -> dict[str, Any]:
     """Applied knob changes, newest first: the twin's prediction, the observation, the errors."""
-    card: Scorecard = request.app.state.scorecard
+    card: Scorecard = state_of(request.app).scorecard
     base = {"session": card.session, "horizon_s": card.horizon_s}
     if card.store is None:
         return {

@@ -5,7 +5,7 @@ long prompts, low again (Poisson arrivals, seeded), written as a trace file. Fou
 replay it with `moescope load --trace` on a fresh `moescope serve` each (recording into a
 temporary SQLite file), interleaved and repeated:
 - defaults: the engine's default knobs;
-- static: the best static setting, found by `tuning.tune` in the twin of the first defaults
+- static: the best static setting, found by `tuning.twin.tune` in the twin of the first defaults
   run (a grid over max_num_seqs, max_num_batched_tokens and prefill_chunk_size, scored by SLO
   attainment), then run for real;
 - autopilot: the defaults with `--autopilot` holding the targets, its twin fitted from the
@@ -46,13 +46,13 @@ from serving import server
 from targets import Target
 
 import stats
-from api.loadgen import Arrival, load_trace, parse_dist, poisson_arrivals, trace_text
+from cli.loadgen import Arrival, load_trace, parse_dist, poisson_arrivals, trace_text
 from engine import LLMEngine
 from storage import Store
 from storage import queries as q
-from tuning.outcome import request_tpot_ms
-from tuning.tune import best, candidates, evaluate
-from tuning.whatif import twin_from_recording
+from tuning.twin.outcome import request_tpot_ms
+from tuning.twin.tune import best, candidates, evaluate
+from tuning.twin.whatif import twin_from_recording
 
 SECTION = "autopilot"
 KINDS = ("defaults", "static", "autopilot", "autopilot cold")
@@ -178,7 +178,7 @@ def replay(url: str, trace: Path, seed: int) -> dict[str, Any]:
     """`moescope load --trace` against `url`, in its own process: its summary."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "summary.json"
-        cmd = [sys.executable, "-m", "api.cli", "load", "--url", url, "--trace", str(trace)]
+        cmd = [sys.executable, "-m", "cli.main", "load", "--url", url, "--trace", str(trace)]
         cmd += ["--seed", str(seed), "--summary-json", str(out), "--no-progress"]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if not out.exists():

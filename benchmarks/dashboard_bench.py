@@ -53,11 +53,11 @@ from page_traffic import PageTraffic  # noqa: E402
 from results_md import add_results_arguments, header, publish, results_path  # noqa: E402
 from targets import Target  # noqa: E402
 
-from api.demo import MODEL  # noqa: E402
+from cli.demo import MODEL  # noqa: E402
 from dashboard.__main__ import NICE  # noqa: E402
 from stats import percentile  # noqa: E402
-from tuning.cost_model import CostModel, fit, knobs_by_step  # noqa: E402
-from tuning.features import recorded_features  # noqa: E402
+from tuning.twin.cost_model import CostModel, fit, knobs_by_step  # noqa: E402
+from tuning.twin.features import recorded_features  # noqa: E402
 
 SECTION = "dashboard"
 CHROMIUM = "/usr/bin/chromium"

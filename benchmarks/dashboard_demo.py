@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import psutil
 
-from api.demo import (
+from cli.demo import (
     HOST,
     dashboard_command,
     load_command,

@@ -1,5 +1,5 @@
 """The engine thread beside a busy Python thread: why the server's simulations run in a
-child process (api/analysis.py).
+child process (server/analysis.py).
 
 The engine thread lets the GIL go at every torch operation and takes it back after. While
 another thread of the same process runs Python, every take waits out the switch interval.
@@ -128,7 +128,7 @@ def render(ms: dict[str, list[float]], argv: list[str], seconds: float) -> str:
         "of the same process that keeps running takes it, and the engine waits up to the switch "
         "interval to get it back, hundreds of times a step. So the server runs its "
         "simulations (what-ifs, the scorecard's predictions, the autopilot's twin) in a child "
-        "process (`api/analysis.py`): the same busy loop there costs the engine only its share "
+        "process (`server/analysis.py`): the same busy loop there costs the engine only its share "
         "of the cores.",
     ]
     return "\n".join(lines)

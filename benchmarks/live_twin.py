@@ -9,9 +9,9 @@ at it (`api/autopilot_runner.live_trials`), rebuilt from the recording at that m
   spread evenly between their first token and their end) or waiting for a first token;
 - the requests that had ended in the server's live window (KEEP_S), the cost model's rows of
   every step before (`FitRows`) and the expert loads of the last FIT_STEPS;
-- `tuning.live.twin_from_live` over `--horizon` s, asked as each ASKS says: the arrivals of
+- `tuning.twin.live.twin_from_live` over `--horizon` s, asked as each ASKS says: the arrivals of
   the last 20 s (an ordinary look) or the last 5 s with the horizon stretched for
-  MIN_SIMULATED requests (a shift's look) laid over it as `tuning.live` does; and, to tell
+  MIN_SIMULATED requests (a shift's look) laid over it as `tuning.twin.live` does; and, to tell
   their error from the simulation's, with the arrivals that really came within the horizon.
 The twin's SLO attainment for the run's own knobs is set against the measured one of the
 same requests (those in the engine at the look and those arriving within the horizon),
@@ -41,21 +41,21 @@ from autopilot import serving, wait_recorded
 from results_md import add_results_arguments, header, publish, results_path
 
 import stats
-from api.live_window import FIT_STEPS
-from api.loadgen import parse_dist, poisson_arrivals, run_load
+from cli.loadgen import parse_dist, poisson_arrivals, run_load
 from engine.knobs import Knobs
 from engine.queue_snapshot import QueuedRequest, QueueSnapshot
+from server.live_window import FIT_STEPS
 from storage import Store
 from storage import queries as q
-from tuning.autopilot import MIN_SIMULATED, Measured, simulated
-from tuning.cost_model import knobs_after, stack
-from tuning.experts import routed, stacked
-from tuning.fit_rows import FitRows
-from tuning.live import arrival_window, stretched_horizon, twin_from_live
-from tuning.load_shift import SHIFT_S
-from tuning.outcome import request_tpot_ms
-from tuning.trace import TraceItem
-from tuning.tune import evaluate
+from tuning.autopilot.pilot import MIN_SIMULATED, Measured, simulated
+from tuning.twin.cost_model import knobs_after, stack
+from tuning.twin.experts import routed, stacked
+from tuning.twin.fit_rows import FitRows
+from tuning.twin.live import arrival_window, stretched_horizon, twin_from_live
+from tuning.twin.load_shift import SHIFT_S
+from tuning.twin.outcome import request_tpot_ms
+from tuning.twin.trace import TraceItem
+from tuning.twin.tune import evaluate
 
 SECTION = "live_twin"
 KEEP_S = 70.0  # the ended requests a server's live window keeps (api/app.py)
@@ -323,7 +323,7 @@ def render(args: argparse.Namespace, argv: list[str], out: dict[str, Any], wall:
         "",
         "SLO attainment, %, mean over the looks; error: twin - measured, mean (mean absolute); "
         "noise floor: |run - run| of the measured at the same look, mean; unfinished: the "
-        "twin's requests still running or waiting at the horizon (`tuning.outcome.judged`); "
+        "twin's requests still running or waiting at the horizon (`tuning.twin.outcome.judged`); "
         "p90s: twin / measured, ms, mean over the looks (the twin's of the requests that "
         "ended within its horizon):",
         "",

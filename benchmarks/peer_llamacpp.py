@@ -169,7 +169,7 @@ def moescope_args(dtype: str, kv_blocks: int, threads: int) -> list[str]:
 def moescope(
     model: Path, args: list[str], quiet: bool = True
 ) -> contextlib.AbstractContextManager[Server]:
-    cmd = [sys.executable, "-m", "api.cli", "serve", "--model", str(model), "--port", "{port}"]
+    cmd = [sys.executable, "-m", "cli.main", "serve", "--model", str(model), "--port", "{port}"]
     log = peer_build.CACHE / "logs" / "moescope-serve.log"
     return serving("moescope", cmd + args, "/api/status", log, quiet)
 

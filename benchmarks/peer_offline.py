@@ -14,7 +14,7 @@ import threading
 from offline_runners import Workload, make_workload, run_ours, timed, warm_ours, warm_workload
 from peer_llamacpp import OUTPUT_RANGE, PROMPT_RANGE, busy_cpu
 
-from api.server import build_loop
+from api.launch import build_loop
 from engine import LLMEngine, RequestOutput, SamplingParams
 from engine.loop import EngineLoop
 

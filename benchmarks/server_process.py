@@ -5,7 +5,7 @@ import subprocess
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from api.demo import wait_ready
+from cli.demo import wait_ready
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ from server_process import healthy
 from targets import Target
 from websockets.sync.client import connect
 
-from api.loadgen import Arrival, parse_dist, poisson_arrivals, run_load
+from cli.loadgen import Arrival, parse_dist, poisson_arrivals, run_load
 from engine.ep.ranks import free_port
 from stats import percentile
 
@@ -52,7 +52,7 @@ def server(
     cmd = [
         sys.executable,
         "-m",
-        "api.cli",
+        "cli.main",
         "serve",
         "--model",
         model,
@@ -251,7 +251,7 @@ def render(args: argparse.Namespace, argv: list[str], out: dict[str, Any], total
     lines = [
         header("Online serving (`benchmarks/serving.py`)", command, total_s, machine.measure()),
         f"- Server: `moescope serve --model {args.model} {' '.join(SERVER_ARGS)}` with "
-        f"{args.threads} torch thread(s) in a subprocess; the load generator (`api/loadgen.py`, "
+        f"{args.threads} torch thread(s) in a subprocess; the load generator (`cli/loadgen.py`, "
         "open loop, Poisson arrivals, streaming `/v1/completions` with `ignore_eos`, greedy) in "
         "the benchmark process. The cores are shared with other workers, so absolute numbers "
         "are noisy",

@@ -1,14 +1,14 @@
 """The what-if twin's accuracy: its predictions against real reruns, and the reruns' own noise.
 
 What it measures. Three sessions are recorded on a real server, with load below, near and
-above the engine's capacity. For each, the twin (`tuning.whatif.twin_from_recording` on the
+above the engine's capacity. For each, the twin (`tuning.twin.whatif.twin_from_recording` on the
 recorded session, then `Twin.run`) predicts the session's request trace under the defaults
 and six other knob settings: slots, token budget, chunk size, policy, KV capacity and
 expert capacity factor. Then each setting is rerun for real on the same server (PATCH
 /api/knobs, then POST /api/sessions/{id}/rerun) `--reruns` times, in rounds that start at
 a different setting so that drift falls evenly on all of them. The median of a setting's
 reruns is its measured value, and their range (max - min) is its noise floor. Both sides
-are computed with `tuning.outcome`; the measured side comes from each rerun's recorded steps
+are computed with `tuning.twin.outcome`; the measured side comes from each rerun's recorded steps
 and requests. Also measured: the time of each simulation against each rerun's wall time,
 the cost model's fit error (MAPE) per session. The judged twin is fitted on one extra rerun
 of each session under its own knobs (reruns are what it is judged against; the recording
@@ -21,7 +21,7 @@ diagnostic.
 - Capacity: measured first on a throwaway server. A burst of `--burst` requests of the mix
   is sent at once (more than the slots), and the tokens decoded while requests wait are
   converted to requests per second.
-- Sessions: `api/loadgen.py` sends Poisson arrivals, each streaming `/v1/completions`, at
+- Sessions: `cli/loadgen.py` sends Poisson arrivals, each streaming `/v1/completions`, at
   `load` x capacity (0.5, 0.8, 1.4) for `--duration` s. A `--long-share` of the prompts are
   1-2k tokens long. The `near` session adds a phase at 3x the rate; under the `above`
   one a queue builds.
@@ -65,12 +65,12 @@ from results_md import add_results_arguments, header, publish, results_path
 from serving import server
 from targets import Target
 
-from api.loadgen import Arrival, parse_dist, poisson_arrivals, run_load
+from cli.loadgen import Arrival, parse_dist, poisson_arrivals, run_load
 from stats import percentile
 from storage import Store
 from storage import queries as q
-from tuning.outcome import outcome, step_totals
-from tuning.whatif import Twin, sim_outcome, twin_from_recording
+from tuning.twin.outcome import outcome, step_totals
+from tuning.twin.whatif import Twin, sim_outcome, twin_from_recording
 
 SECTION = "twin"
 METRICS = (
@@ -255,7 +255,7 @@ def read(store: Store, session: str) -> tuple[dict[str, Any], list[Any], list[An
 
 
 def measured(steps: list[dict[str, Any]], records: list[dict[str, Any]]) -> dict[str, Any]:
-    """`tuning.outcome` of a recorded run."""
+    """`tuning.twin.outcome` of a recorded run."""
     return outcome(records, step_totals(steps))
 
 
@@ -657,7 +657,7 @@ def method_lines(args: argparse.Namespace, out: dict[str, Any]) -> list[str]:
         "process, never at the same time as a rerun. The cores are shared with other "
         "workers, so absolute numbers are noisy",
         f"- Capacity: {out['capacity_req_s']:.2f} req/s ({capacity}). Sessions: "
-        f"{args.duration:g} s of Poisson arrivals (`api/loadgen.py`, streaming "
+        f"{args.duration:g} s of Poisson arrivals (`cli/loadgen.py`, streaming "
         f"`/v1/completions`) at load x capacity; prompts `{args.prompt_len}`, "
         f"{100 * args.long_share:g}% of them `{args.long_prompt_len}`; outputs "
         f"`{args.output_len}`; a 3x burst adds twice the rate for {BURST_SHARE:.2f} of the "
@@ -668,7 +668,7 @@ def method_lines(args: argparse.Namespace, out: dict[str, Any]) -> list[str]:
         "(`policy`); KV N blocks (`kv_capacity_blocks`: half the session's peak KV blocks, at "
         "least what its longest request needs); expert capacity 1.25 "
         "(`expert_capacity_factor`).",
-        "- Predicted: `tuning.whatif.twin_from_recording` on one extra rerun of the session "
+        "- Predicted: `tuning.twin.whatif.twin_from_recording` on one extra rerun of the session "
         "under its own knobs (not one of the measured reruns; cost model fitted on its steps, "
         "expert loads drawn from its routing), then `Twin.run` per setting. The twin learns "
         "from a rerun because it is judged against reruns: the recording ran over HTTP (word "
@@ -678,7 +678,7 @@ def method_lines(args: argparse.Namespace, out: dict[str, Any]) -> list[str]:
         "of them far beyond what the cost model was fitted on (`outside`).",
         f"- Measured: {args.reruns} real rerun(s) per setting (PATCH /api/knobs, POST "
         "/api/sessions/{id}/rerun at speed 1), in rounds that start at a different setting; "
-        "the median and spread (max - min) of the reruns' `tuning.outcome` metrics, each "
+        "the median and spread (max - min) of the reruns' `tuning.twin.outcome` metrics, each "
         "computed from that rerun's recorded steps and requests; rerun s is the median of "
         "their wall times and speed its ratio to sim ms. The recorded session itself ran "
         "over HTTP (word prompts, every token streamed to its client, the load generator "

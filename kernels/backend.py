@@ -15,7 +15,8 @@ from typing import Literal
 
 import torch
 
-from kernels import native_moe, onednn_moe
+import kernels.native_moe as native_moe
+import kernels.onednn_moe as onednn_moe
 from kernels.grouped_gemm import combine_experts, expert_ffn, expert_ffn_loop
 from kernels.paged_attention import decode_attention_torch
 

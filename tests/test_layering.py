@@ -14,22 +14,33 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# the project's top-level packages; tuning/ and stats/ are checked when they exist
-PACKAGES = ("engine", "kernels", "storage", "api", "dashboard", "tuning", "stats")
+# the project's top-level packages
+PACKAGES = ("engine", "kernels", "storage", "api", "server", "cli", "dashboard", "tuning", "stats")
 PROJECT = frozenset((*PACKAGES, "benchmarks"))
 
 # package -> project packages it must never import (DESIGN.md, Layout); benchmarks
 # "must not be imported by the packages"
 FORBIDDEN: dict[str, frozenset[str]] = {
-    "engine": frozenset({"api", "storage", "dashboard", "tuning", "benchmarks"}),
+    "engine": frozenset({"api", "server", "cli", "storage", "dashboard", "tuning", "benchmarks"}),
     "kernels": PROJECT - {"kernels"},
-    "storage": frozenset({"api", "dashboard", "tuning", "benchmarks"}),
-    "api": frozenset({"benchmarks"}),
-    "dashboard": frozenset({"engine", "storage", "kernels", "tuning", "benchmarks"}),
-    "tuning": frozenset({"api", "storage", "dashboard", "benchmarks"}),
+    "storage": frozenset({"api", "server", "cli", "dashboard", "tuning", "benchmarks"}),
+    "api": frozenset({"cli", "dashboard", "benchmarks"}),  # routes use services
+    "server": frozenset({"api", "cli", "dashboard", "benchmarks"}),  # never the routes
+    "cli": frozenset({"benchmarks"}),  # and of api only ROUTE_FREE
+    "dashboard": frozenset(
+        {"engine", "storage", "kernels", "tuning", "server", "cli", "benchmarks"}
+    ),
+    "tuning": frozenset({"api", "server", "cli", "storage", "dashboard", "benchmarks"}),
     "stats": PROJECT - {"stats"},
 }
-REQUIRED = ("engine", "kernels", "storage", "api", "dashboard")  # must exist and have files
+# the api modules the command line may import: it starts the app, and holds no route
+ROUTE_FREE = frozenset({"api", "api.app", "api.launch"})
+# subpackage -> sibling subpackages it must never import: the twin knows no decisions
+FORBIDDEN_SUBPACKAGES: dict[str, frozenset[str]] = {
+    "tuning.twin": frozenset({"tuning.autopilot", "tuning.attribution"}),
+    "tuning.attribution": frozenset({"tuning.autopilot", "tuning.twin"}),
+}
+REQUIRED = PACKAGES  # must exist and have files
 
 
 @dataclass(frozen=True)
@@ -92,17 +103,28 @@ def violations(source: str, rel_path: str) -> list[str]:
     package = Path(rel_path).parts[0]
     forbidden = FORBIDDEN[package]
     found = []
-    for imp in imports_of(source, module_name(path), path.name == "__init__.py"):
+    module = module_name(path)
+    for imp in imports_of(source, module, path.name == "__init__.py"):
         top = imp.module.split(".")[0]
         if top in forbidden:
             found.append(f"{rel_path}:{imp.line}: {imp.text} ({package} must not import {top})")
+        elif package == "cli" and top == "api" and imp.module not in ROUTE_FREE:
+            found.append(f"{rel_path}:{imp.line}: {imp.text} (cli must not import routes)")
+        for sub, banned in FORBIDDEN_SUBPACKAGES.items():
+            hit = next((b for b in banned if _within(imp.module, b)), None)
+            if _within(module, sub) and hit:
+                found.append(f"{rel_path}:{imp.line}: {imp.text} ({sub} must not import {hit})")
     return found
 
 
-def package_files() -> dict[str, list[Path]]:
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def package_files(packages: tuple[str, ...] = PACKAGES) -> dict[str, list[Path]]:
     return {
         pkg: sorted(p for p in (ROOT / pkg).rglob("*.py") if "__pycache__" not in p.parts)
-        for pkg in PACKAGES
+        for pkg in packages
         if (ROOT / pkg).is_dir()
     }
 
@@ -121,6 +143,21 @@ def test_packages_import_only_what_the_layout_allows() -> None:
             rel = path.relative_to(ROOT).as_posix()
             found += violations(path.read_text(encoding="utf-8"), rel)
     assert not found, "imports across the layering:\n" + "\n".join(found)
+
+
+def test_no_two_modules_import_each_other() -> None:
+    """An import circle between two files means neither is the owner: one of them should hold
+    what both need, or the pair should be one file."""
+    files = [p for fs in package_files((*PACKAGES, "benchmarks")).values() for p in fs]
+    names = {module_name(p): p for p in files}
+    imported: dict[str, set[str]] = {}
+    for name, path in names.items():
+        found = imports_of(path.read_text(encoding="utf-8"), name, path.name == "__init__.py")
+        imported[name] = {i.module for i in found if i.module in names and i.module != name}
+    circles = sorted(
+        f"{a} <-> {b}" for a, deps in imported.items() for b in deps if a < b and a in imported[b]
+    )
+    assert not circles, "modules that import each other:\n" + "\n".join(circles)
 
 
 SYNTHETIC = """\
@@ -169,6 +206,12 @@ def test_the_checker_catches_each_form_of_import() -> None:
         ("from stats import percentile\n", "engine/a.py", 0),
         ("from results_md import table\nimport benchmarks.bench\n", "storage/a.py", 1),
         ("from ..api import x\n", "engine/ep/a.py", 0),  # engine.api, not the api package
+        ("from server.live_window import LiveWindow\n", "api/a.py", 0),
+        ("from api.errors import APIError\n", "server/a.py", 1),
+        ("from api.app import create_app\nfrom server.settings import S\n", "cli/a.py", 0),
+        ("from api.control import router\n", "cli/a.py", 1),
+        ("from tuning.twin.outcome import outcome\n", "tuning/autopilot/a.py", 0),
+        ("from tuning.autopilot.settings import S\n", "tuning/twin/a.py", 1),
     ],
 )
 def test_rules_per_package(source: str, rel_path: str, bad: int) -> None:

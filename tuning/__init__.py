@@ -1,2 +1,2 @@
-"""The decision layer: the what-if twin (a step-cost model fitted from telemetry and a simulator
-that drives the real Scheduler and BlockManager on a simulated clock)."""
+"""The decision layer: the what-if twin (`twin`), latency attribution (`attribution`) and the
+SLO autopilot (`autopilot`)."""

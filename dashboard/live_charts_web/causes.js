@@ -1,4 +1,4 @@
-// One fixed colour per latency cause (tuning/attribution.py's CAUSES), so that a cause looks
+// One fixed colour per latency cause (tuning/attribution/causes.py's CAUSES), so that a cause looks
 // the same in every attribution chart: queueing in warm colours, prefill in greens, decode in
 // blues, the rest apart.
 

@@ -12,12 +12,13 @@ from fastapi import FastAPI
 from websockets.sync.client import ClientConnection, connect
 
 from api.app import create_app
-from api.server import ServerThread, build_loop
-from api.settings import ServerSettings
-from api.telemetry_fanout import ClientQueue
+from api.launch import ServerThread, build_loop
 from engine import SamplingParams
 from engine.loop import EngineLoop
 from engine.outputs import RequestOutput
+from server.settings import ServerSettings
+from server.state import state_of
+from server.telemetry_fanout import ClientQueue
 from storage import Recorder
 
 MODEL = "synthetic:tiny"
@@ -74,7 +75,7 @@ def ws_connect(url: str, **kwargs: Any) -> ClientConnection:
 
 def telemetry_clients(served: Served) -> list[ClientQueue]:
     """The server's /ws/telemetry clients, as their queues (none before the first client)."""
-    hub = getattr(served.app.state, "telemetry_fanout", None)
+    hub = state_of(served.app).telemetry_fanout
     return list(hub.clients) if hub is not None else []
 
 
@@ -167,7 +168,7 @@ def recorded_session(url: str, requests: int, max_tokens: int, prompt_len: int =
     try:
         traffic(served.loop, requests, max_tokens, prompt_len)
         wait_idle(served.loop)
-        rec: Recorder = served.app.state.recorder
+        rec: Recorder = state_of(served.app).recorder
         wait_for(
             lambda: rec.flush() and rec.written_steps == served.loop.steps, what="the recording"
         )

@@ -5,7 +5,7 @@ from collections.abc import Iterator
 import pytest
 from api_servers import MODEL, Served, serve, stop
 
-from api.settings import ServerSettings
+from server.settings import ServerSettings
 
 
 @pytest.fixture(scope="session")

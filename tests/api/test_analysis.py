@@ -13,12 +13,12 @@ import psutil
 import pytest
 from api_servers import TIMEOUT, wait_for
 
-from api.analysis import Analysis
+from server.analysis import Analysis
 
 # a "server" that starts its analysis worker, says the worker's pid, and dies at once
 KILLED = """
 import os, sys
-from api.analysis import Analysis
+from server.analysis import Analysis
 a = Analysis(preload=())
 print(a.submit(os.getpid).result(), flush=True)
 os._exit(9)
@@ -26,7 +26,7 @@ os._exit(9)
 
 
 def test_it_runs_a_function_in_another_process() -> None:
-    analysis = Analysis(preload=("api.twins",))
+    analysis = Analysis(preload=("server.twins",))
     try:
         pid = analysis.submit(os.getpid).result(TIMEOUT)
         assert pid != os.getpid()

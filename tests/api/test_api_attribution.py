@@ -10,9 +10,10 @@ import httpx
 import pytest
 from api_servers import MODEL, Served, serve, stop, traffic, wait_for, wait_idle
 
-import api.live_window
-from api.settings import ServerSettings
+import server.live_window
 from engine import SamplingParams
+from server.settings import ServerSettings
+from server.state import state_of
 from storage import Recorder
 
 pytestmark = pytest.mark.slow  # real servers run and record requests first
@@ -39,7 +40,7 @@ def run(served: Served, n: int, max_tokens: int) -> list[str]:
     """`n` requests at once, until they have ended and been recorded; their ids."""
     ids = traffic(served.loop, n, max_tokens)
     wait_idle(served.loop)
-    recorder: Recorder = served.app.state.recorder
+    recorder: Recorder = state_of(served.app).recorder
     loop = served.loop
     wait_for(lambda: recorder.flush() and recorder.written_steps == loop.steps, what="recording")
     return ids
@@ -194,7 +195,7 @@ def test_a_request_whose_steps_fell_out_of_the_window_points_to_its_recording(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With 8 steps kept, a request of 4 tokens falls out behind one of 12; one of 3 stays."""
-    monkeypatch.setattr(api.live_window, "ATTRIBUTION_STEPS", 8)
+    monkeypatch.setattr(server.live_window, "ATTRIBUTION_STEPS", 8)
     served, session = recording_server(tmp_path / "moescope.db")
     try:
         (old,) = run(served, 1, 4)

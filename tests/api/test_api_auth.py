@@ -9,8 +9,8 @@ import pytest
 from api_servers import MODEL, TIMEOUT, Served, serve, stop, telemetry_ws, ws_connect
 from websockets.exceptions import ConnectionClosedError
 
-from api.cli import build_parser
-from api.settings import ServerSettings
+from cli.main import build_parser
+from server.settings import ServerSettings
 
 KEY, ADMIN = "sk-test-key", "sk-admin-key"
 REFUSAL = "missing or invalid API key (Authorization: Bearer <key>)"

@@ -12,9 +12,10 @@ import httpx
 import pytest
 from api_servers import Served, serve, stop, traffic, wait_for, wait_idle
 
-from api.autopilot_runner import AutopilotRunner
-from api.settings import ServerSettings
-from tuning.autopilot import MEASURED_TOO_FEW, Decision, Measured, Pending
+from server.autopilot_runner import AutopilotRunner
+from server.settings import ServerSettings
+from server.state import state_of
+from tuning.autopilot.pilot import MEASURED_TOO_FEW, Decision, Measured, Pending
 
 ADMIN = "admin-secret"
 
@@ -146,7 +147,7 @@ def decides_once(
     """Makes the runner's next look decide `changes` (as the pilot would after asking the
     twin, its change pending), then look as before; the list gets the runner's tick count at
     that look: once it has grown past that, the decision has been applied or refused."""
-    runner: AutopilotRunner = served.app.state.autopilot
+    runner: AutopilotRunner = state_of(served.app).autopilot
     look = runner._decide
     seen: list[int] = []
 
@@ -175,7 +176,7 @@ def test_knobs_changed_since_the_twin_looked_stand(
 ) -> None:
     """The twin looked at two slots; one is in force now (a person's change came meanwhile):
     the decision is dropped, not applied over it."""
-    runner: AutopilotRunner = one_slot.app.state.autopilot
+    runner: AutopilotRunner = state_of(one_slot.app).autopilot
     seen = decides_once(one_slot, monkeypatch, {"max_num_seqs": [2, 4]})
     enable(one_slot)
     wait_for(lambda: seen and runner.ticks > seen[0], what="the look after the decision")
@@ -190,7 +191,7 @@ def test_a_change_the_engine_refuses_is_recorded_and_it_keeps_ticking(
     """512 slots with a budget of 256 tokens a step, as a decision made before a person
     lowered the budget would meet: the engine refuses it, the refusal shows among the
     decisions, and the autopilot goes on looking."""
-    runner: AutopilotRunner = one_slot.app.state.autopilot
+    runner: AutopilotRunner = state_of(one_slot.app).autopilot
     seen = decides_once(one_slot, monkeypatch, {"max_num_seqs": [1, 512]})
     enable(one_slot)
     wait_for(lambda: status(one_slot)["decisions"], what="the refused decision")

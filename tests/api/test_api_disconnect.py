@@ -9,7 +9,7 @@ import pytest
 from api_servers import MODEL, Served, serve, stop, wait_for, wait_idle
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.settings import ServerSettings
+from server.settings import ServerSettings
 
 
 @pytest.fixture(scope="module")

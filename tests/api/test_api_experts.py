@@ -9,7 +9,7 @@ import pytest
 from api_servers import MODEL, TIMEOUT, Served, serve, stop, telemetry_ws, wait_for, wait_idle
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.settings import ServerSettings
+from server.settings import ServerSettings
 
 
 def test_one_process_has_nothing_to_rebalance(served: Served) -> None:

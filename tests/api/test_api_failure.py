@@ -3,7 +3,7 @@
 import httpx
 from api_servers import MODEL, serve, stop, wait_for
 
-from api.settings import ServerSettings
+from server.settings import ServerSettings
 
 
 def test_engine_failure_is_a_503_with_the_message() -> None:

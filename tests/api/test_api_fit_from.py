@@ -8,12 +8,12 @@ import pytest
 from api_servers import MODEL, recorded_session, serve, stop, traffic, wait_idle
 
 from api.app import create_app
-from api.cli import main
-from api.server import build_loop
-from api.settings import ServerSettings
+from api.launch import build_loop
+from cli.main import main
 from engine.errors import InvalidInput
+from server.settings import ServerSettings
 from storage import SessionNotFound
-from tuning.cost_model import MIN_STEPS
+from tuning.twin.cost_model import MIN_STEPS
 
 pytestmark = pytest.mark.slow  # a server records a session first
 

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 from api_servers import Served, wait_idle
 
-from api.cli import main
-from api.loadgen import (
+from cli.loadgen import (
     Arrival,
     load_trace,
     make_prompt,
@@ -18,6 +17,7 @@ from api.loadgen import (
     run_load,
     trace_text,
 )
+from cli.main import main
 
 
 def test_length_distributions() -> None:

@@ -8,7 +8,8 @@ import pytest
 from api_servers import MODEL, Served, serve, stop, traffic, wait_for, wait_idle, ws_connect
 from websockets.sync.client import ClientConnection
 
-from api.settings import ServerSettings
+from server.settings import ServerSettings
+from server.state import state_of
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +19,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     served = serve(ServerSettings(model_name=MODEL, db_url=f"sqlite:///{db}"))
     traffic(served.loop, 1, 30)
     wait_idle(served.loop)
-    recorder = served.server.server.config.app.state.recorder
+    recorder = state_of(served.server.server.config.app).recorder
     wait_for(
         lambda: recorder.flush() and recorder.written_steps == served.loop.steps,
         what="the recording",

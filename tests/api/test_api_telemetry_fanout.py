@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from api_servers import TIMEOUT
 
-import api.telemetry_fanout as fanout_module
-from api.telemetry_fanout import TelemetryFanout, lost_steps, with_dropped
+import server.telemetry_fanout as fanout_module
 from engine.bus import TelemetryBus
+from server.telemetry_fanout import TelemetryFanout, lost_steps, with_dropped
 
 
 def _record(step: int) -> dict[str, Any]:

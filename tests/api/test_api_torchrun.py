@@ -1,4 +1,4 @@
-"""`torchrun --nproc-per-node 2 -m api.cli serve`: every rank from torchrun, rank 0 serves."""
+"""`torchrun --nproc-per-node 2 -m cli.main serve`: every rank from torchrun, rank 0 serves."""
 
 import signal
 import subprocess
@@ -27,7 +27,7 @@ def test_torchrun_ranks_serve_with_measured_all_to_all(tmp_path: Path) -> None:
             "--log-dir",  # else torchrun leaves a torchelastic_* folder in /tmp
             str(tmp_path / "ranks"),
             "-m",
-            "api.cli",
+            "cli.main",
             "serve",
             "--model",
             "synthetic:tiny",

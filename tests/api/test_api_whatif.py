@@ -13,18 +13,18 @@ import pytest
 from api_servers import MODEL, Served, recorded_session, serve, stop, wait_for, wait_idle
 
 import stats
-from api.cli import main
-from api.settings import ServerSettings
+from cli.main import main
 from engine import SamplingParams
 from engine.loop import EngineLoop
 from engine.outputs import RequestOutput
+from server.settings import ServerSettings
 from storage import Store
 from storage import queries as q
 from storage import scorecard as db_scorecard
-from tuning.cost_model import MIN_STEPS
-from tuning.outcome import METRICS, outcome, step_totals
-from tuning.tune import evaluate
-from tuning.whatif import twin_from_recording
+from tuning.twin.cost_model import MIN_STEPS
+from tuning.twin.outcome import METRICS, outcome, step_totals
+from tuning.twin.tune import evaluate
+from tuning.twin.whatif import twin_from_recording
 
 pytestmark = pytest.mark.slow  # servers record real sessions for the twin first
 

@@ -16,12 +16,12 @@ import psutil
 import pytest
 import torch
 
-from api import demo
-from api.cli import build_parser, main, workload
-from api.loadgen import parse_dist, poisson_arrivals
+from cli import demo
+from cli.loadgen import parse_dist, poisson_arrivals
+from cli.main import build_parser, main, workload
 from engine import LLM
 
-MOESCOPE = [sys.executable, "-m", "api.cli"]
+MOESCOPE = [sys.executable, "-m", "cli.main"]
 TIMEOUT = 60.0  # for a wait on a condition: generous, since only a hang should ever reach it
 ENGINE_TESTS = Path(__file__).parents[1] / "engine"
 NO_CUDA = (

@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "api"))
 
 from api_servers import MODEL, Served, serve, stop
 
-from api.settings import ServerSettings
+from server.settings import ServerSettings
 
 
 @pytest.fixture(scope="session")

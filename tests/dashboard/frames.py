@@ -84,7 +84,7 @@ def frame(step: int, changes: dict[str, list[Any]] | None = None) -> dict[str, A
     }
 
 
-# the autopilot's reasons, as long as its own (tuning.autopilot.change_reason), and a few that
+# the autopilot's reasons, as long as its own (tuning.autopilot.pilot.change_reason), and a few that
 # test the hover text's wrapping: runs of blanks and line breaks, a word longer than a line,
 # characters outside the BMP (Python counts them once, JavaScript's length twice), lines of
 # just 80 and 81 characters, only blanks

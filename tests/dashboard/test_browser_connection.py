@@ -9,8 +9,8 @@ from api_servers import MODEL, serve, stop, traffic
 from browser import CHROMIUM, VIEWPORT, WAIT_MS, charts, chromium, dashboard, wait_drawn_past
 from playwright.sync_api import expect
 
-from api.settings import ServerSettings
 from engine.ep.ranks import free_port
+from server.settings import ServerSettings
 
 # the steps the page has received, over every connection
 RECEIVED = """() => Number(

@@ -10,7 +10,6 @@ from api_servers import MODEL, TIMEOUT, Served, serve, stop, traffic, wait_for, 
 from frames import frames
 from streamlit.testing.v1 import AppTest
 
-from api.settings import ServerSettings
 from dashboard.compare import (
     chart_every,
     delta_rows,
@@ -18,6 +17,8 @@ from dashboard.compare import (
     summarize,
     tpot_ms,
 )
+from server.settings import ServerSettings
+from server.state import state_of
 
 
 def _req(
@@ -84,7 +85,7 @@ def with_rerun(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Serve
         traffic(served.loop, 4, 12)
         wait_idle(served.loop)
         original = served.loop.engine.session
-        recorder = served.server.server.config.app.state.recorder
+        recorder = state_of(served.server.server.config.app).recorder
         wait_for(
             lambda: (
                 recorder.flush()

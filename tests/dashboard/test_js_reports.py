@@ -115,7 +115,7 @@ def test_stacking_order_is_fixed(page: Page) -> None:
 
 
 def test_the_causes_are_the_servers(page: Page) -> None:
-    from tuning.attribution import CAUSES as SERVER_CAUSES
+    from tuning.attribution.causes import CAUSES as SERVER_CAUSES
 
     assert set(_colours(page)) == set(SERVER_CAUSES)
 

@@ -11,9 +11,10 @@ import pytest
 from api_servers import MODEL, serve, stop
 from storage_helpers import bare_recorder, request_record, run_requests, step_record, wait_for
 
-from api.cli import main
-from api.session_attribution import session_report
-from api.settings import ServerSettings
+from cli.main import main
+from server.session_attribution import session_report
+from server.settings import ServerSettings
+from server.state import state_of
 from storage import Recorder, Store
 from storage import queries as q
 
@@ -29,7 +30,7 @@ def queued(db_url: str) -> str:
     served = serve(ServerSettings(model_name=MODEL, db_url=db_url), max_num_seqs=1)
     try:
         run_requests(served.loop, 4, 4)
-        recorder: Recorder = served.app.state.recorder
+        recorder: Recorder = state_of(served.app).recorder
         loop = served.loop
         wait_for(lambda: recorder.flush() and recorder.written_steps == loop.steps)
         return served.loop.engine.session

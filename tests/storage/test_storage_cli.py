@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 from storage_helpers import bare_recorder, request_record, step_record
 
-from api.cli import main
+from cli.main import main
 from storage import SessionNotFound, Store
 from storage import queries as q
 

@@ -8,7 +8,8 @@ from api_servers import MODEL, serve, stop, telemetry_ws
 from sqlalchemy import func, select
 from storage_helpers import TIMEOUT, locked, mark_step, run_requests, wait_for
 
-from api.settings import ServerSettings
+from server.settings import ServerSettings
+from server.state import state_of
 from storage import Recorder
 from storage.models import SessionRow, StepRow
 
@@ -18,7 +19,7 @@ def test_outage_drops_and_counts_then_recording_resumes(tmp_path: Path) -> None:
     served = serve(
         ServerSettings(model_name=MODEL, db_url=url, record_buffer=16, db_timeout_s=0.05)
     )
-    rec: Recorder = served.server.server.config.app.state.recorder
+    rec: Recorder = state_of(served.server.server.config.app).recorder
     try:
         run_requests(served.loop, 2, 8)
         assert rec.flush()

@@ -14,8 +14,9 @@ from api_servers import MODEL, TIMEOUT, Served, serve, stop, telemetry_ws, wait_
 from storage_helpers import fresh_url, wait_for
 from websockets.sync.client import ClientConnection
 
-from api.settings import ServerSettings
 from engine.telemetry import StepTelemetry
+from server.settings import ServerSettings
+from server.state import state_of
 from storage import Recorder
 
 PROMPTS = [(5, 9), (17, 4), (30, 12), (8, 20)]  # (prompt tokens, output tokens)
@@ -38,7 +39,7 @@ class Recorded:
 
 
 def _recorder(served: Served) -> Recorder:
-    return served.server.server.config.app.state.recorder
+    return state_of(served.server.server.config.app).recorder
 
 
 def _complete(url: str, prompt_len: int, max_tokens: int) -> dict[str, Any]:

@@ -14,8 +14,8 @@ import pytest
 from api_servers import MODEL, serve, stop
 from storage_helpers import TIMEOUT, run_requests, wait_for
 
-from api.settings import ServerSettings
 from engine.ep.ranks import free_port
+from server.settings import ServerSettings
 from storage import Store
 from storage import queries as q
 
@@ -50,7 +50,7 @@ def test_killed_writer_leaves_a_readable_database(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "api.cli",
+            "cli.main",
             "serve",
             "--model",
             "synthetic:tiny",

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from api.cli import main
+from cli.main import main
 from storage import SCHEMA_VERSION, IncompatibleSchema, StorageError, Store
 from storage import queries as q
 

@@ -10,11 +10,11 @@ from engine.config import CacheConfig
 from engine.ep.placement import Placement
 from engine.errors import InvalidInput
 from engine.knobs import Knobs
-from tuning.attribution import Timeline, attribute
-from tuning.attribution_summary import over_time, report, summarize
-from tuning.experts import ExpertDraw, routing
-from tuning.simulator import Setup, simulate
-from tuning.trace import TraceItem
+from tuning.attribution.causes import Timeline, attribute
+from tuning.attribution.summary import over_time, report, summarize
+from tuning.twin.experts import ExpertDraw, routing
+from tuning.twin.simulator import Setup, simulate
+from tuning.twin.trace import TraceItem
 
 EXPERTS = ExpertDraw(routing([{"experts": {"counts": [[1, 1, 0, 0]], "top_k": 2}}]))
 

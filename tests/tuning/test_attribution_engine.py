@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from engine import LLMEngine, SamplingParams
-from tuning.attribution import attribute
-from tuning.attribution_summary import shares
+from tuning.attribution.causes import attribute
+from tuning.attribution.summary import shares
 
 MODEL = "synthetic:tiny"
 

@@ -11,9 +11,10 @@ from test_attribution import EXPERTS, Cost, sim_setup
 
 from engine.errors import InvalidInput
 from engine.knobs import Knobs
-from tuning.attribution import attribute
-from tuning.attribution_summary import summarize
-from tuning.autopilot import (
+from tuning.attribution.causes import attribute
+from tuning.attribution.summary import summarize
+from tuning.autopilot.moves import MAX_MOVES, moves
+from tuning.autopilot.pilot import (
     MEASURED_TOO_FEW,
     MIN_SIMULATED,
     REVERSE_S,
@@ -22,12 +23,11 @@ from tuning.autopilot import (
     Evaluate,
     ceiling,
 )
-from tuning.autopilot_moves import MAX_MOVES, moves
-from tuning.autopilot_settings import AutopilotSettings, parse_targets
-from tuning.simulator import simulate
-from tuning.trace import TraceItem
-from tuning.tune import Trial, evaluate
-from tuning.whatif import Twin
+from tuning.autopilot.settings import AutopilotSettings, parse_targets
+from tuning.twin.simulator import simulate
+from tuning.twin.trace import TraceItem
+from tuning.twin.tune import Trial, evaluate
+from tuning.twin.whatif import Twin
 
 SETUP = sim_setup(16, 2048)
 CONTEXT = {"total_blocks": 2048, "min_blocks": 1, "max_model_len": 4096, "ep_size": 1}

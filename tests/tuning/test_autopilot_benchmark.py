@@ -6,7 +6,7 @@ import autopilot as bench  # benchmarks/ is on pytest's pythonpath
 import pytest
 from results_md import markers
 
-from api.loadgen import load_trace
+from cli.loadgen import load_trace
 
 pytestmark = pytest.mark.slow  # four real servers replay a 12 s trace
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from engine.errors import InvalidInput
-from tuning.cost_model import MIN_STEPS, fit, knobs_by_step
-from tuning.features import FEATURES, recorded_features
+from tuning.twin.cost_model import MIN_STEPS, fit, knobs_by_step
+from tuning.twin.features import FEATURES, recorded_features
 
 # ms per unit: 1 per step, 0.02 per prefill token, 0.3 per decode sequence, 0.5 per thousand
 # pairs in the MoE layers; the loop adds 0.4 ms per step and 0.05 per decode sequence

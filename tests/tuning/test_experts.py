@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from tuning.experts import ExpertDraw, routing
+from tuning.twin.experts import ExpertDraw, routing
 
 
 def step(counts: list[list[int]], top_k: int = 2) -> dict[str, Any]:

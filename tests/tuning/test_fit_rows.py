@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from test_cost_model import TRUE_OVERHEAD, TRUE_STEP, _cost, fake_session
 
-import tuning.fit_rows
-from tuning.cost_model import fit, fit_rows, knobs_by_step, stack, training_rows
-from tuning.features import FEATURES, recorded_features
-from tuning.fit_rows import PER_SHAPE, FitRows
+import tuning.twin.fit_rows
+from tuning.twin.cost_model import fit, fit_rows, knobs_by_step, stack, training_rows
+from tuning.twin.features import FEATURES, recorded_features
+from tuning.twin.fit_rows import PER_SHAPE, FitRows
 
 
 def step(i: int, t: float, prefill: int, decodes: int) -> dict[str, Any]:
@@ -60,7 +60,7 @@ def test_while_few_the_rows_are_those_a_recording_of_the_same_steps_gives() -> N
 def test_a_prefill_long_gone_from_the_recent_steps_is_still_predicted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(tuning.fit_rows, "RECENT", 300)
+    monkeypatch.setattr(tuning.twin.fit_rows, "RECENT", 300)
     prefills = [(p, d) for p in (64, 256, 1024) for d in range(1, 40, 3)] * 4
     steps = session(prefills + [(0, 1 + i % 40) for i in range(1000)])
     rows = FitRows({})
@@ -78,7 +78,7 @@ def test_a_prefill_long_gone_from_the_recent_steps_is_still_predicted(
 def test_seeded_rows_predict_a_shape_until_this_runs_own_steps_replace_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(tuning.fit_rows, "RECENT", 300)
+    monkeypatch.setattr(tuning.twin.fit_rows, "RECENT", 300)
     prefills = [(p, d) for p in (64, 256, 1024) for d in range(1, 40, 3)]
     earlier = FitRows({})
     for s in session(prefills * 4):
@@ -98,8 +98,8 @@ def test_seeded_rows_predict_a_shape_until_this_runs_own_steps_replace_them(
 
 
 def test_memory_is_bounded_by_shape(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tuning.fit_rows, "RECENT", 50)
-    monkeypatch.setattr(tuning.fit_rows, "MAX_SHAPES", 3)
+    monkeypatch.setattr(tuning.twin.fit_rows, "RECENT", 50)
+    monkeypatch.setattr(tuning.twin.fit_rows, "MAX_SHAPES", 3)
     rows = FitRows({})
     for s in session([(2**k, 4) for k in range(1, 9) for _ in range(40)] + [(0, 4)] * 50):
         rows.add(s)

@@ -9,14 +9,14 @@ import pytest
 from engine.knobs import Knobs
 from engine.queue_snapshot import QueuedRequest
 from engine.telemetry import KnobChange
-from tuning.live import (
+from tuning.twin.live import (
     MAX_STRETCH,
     arrival_window,
     knobs_at,
     live_trace,
     stretched_horizon,
 )
-from tuning.trace import TraceItem
+from tuning.twin.trace import TraceItem
 
 NOW = 1000.0
 

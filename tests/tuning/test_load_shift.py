@@ -1,8 +1,8 @@
 """A shift in the load, told from the arrivals: phases like the autopilot benchmark's, Poisson
 arrivals seeded, looked at every 2 s as the autopilot ticks."""
 
-from api.loadgen import parse_dist, poisson_arrivals
-from tuning.load_shift import (
+from cli.loadgen import parse_dist, poisson_arrivals
+from tuning.twin.load_shift import (
     LONGER_PROMPTS,
     MORE_ARRIVALS,
     SHIFT_S,

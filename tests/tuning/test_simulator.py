@@ -13,12 +13,12 @@ from engine import LLMEngine, SamplingParams
 from engine.config import CacheConfig
 from engine.ep.placement import Placement
 from engine.knobs import Knobs
-from tuning.experts import ExpertDraw, routing
-from tuning.features import capacity, kept
-from tuning.outcome import slo_scores
-from tuning.simulator import Setup, simulate
-from tuning.trace import TraceItem
-from tuning.whatif import sim_outcome
+from tuning.twin.experts import ExpertDraw, routing
+from tuning.twin.features import capacity, kept
+from tuning.twin.outcome import slo_scores
+from tuning.twin.simulator import Setup, simulate
+from tuning.twin.trace import TraceItem
+from tuning.twin.whatif import sim_outcome
 
 MODEL = "synthetic:tiny"
 # small enough that requests queue for slots, chunk their prompts and get preempted

@@ -10,9 +10,9 @@ from test_cost_model import fake_session
 from engine.config import CacheConfig
 from engine.errors import InvalidInput
 from engine.knobs import Knobs
-from tuning.trace import TraceItem, blocks_needed
-from tuning.tune import knob_values
-from tuning.whatif import twin_from_recording
+from tuning.twin.trace import TraceItem, blocks_needed
+from tuning.twin.tune import knob_values
+from tuning.twin.whatif import twin_from_recording
 
 CONFIG = {
     "model_config": {"num_layers": 4, "num_experts": 8, "hidden_size": 64, "max_model_len": 1024},

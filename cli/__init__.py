@@ -1,0 +1,1 @@
+"""The `moescope` command line and its load generator."""

@@ -1,0 +1,69 @@
+"""Argument checks and error lines shared by the `moescope` commands.
+
+Each check is an argparse `type=`, so a bad value is argparse's one-line `error:` (exit 2);
+`describe` turns any other error into the text of a one-line exit message.
+"""
+
+import argparse
+import math
+import os
+from collections.abc import Callable
+from typing import TypeVar
+
+import pydantic
+
+from tuning.autopilot.settings import AutopilotSettings, parse_targets
+
+T = TypeVar("T")
+
+
+def _checked(
+    convert: Callable[[str], T], ok: Callable[[T], bool], wanted: str
+) -> Callable[[str], T]:
+    """An argparse type: `convert`, then refuse values that are not `ok` as not `wanted`."""
+
+    def parse(text: str) -> T:
+        try:
+            value: T | None = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}")
+        return value
+
+    return parse
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    """An integer >= `low`."""
+    return _checked(int, lambda v: v >= low, f"an integer >= {low}")
+
+
+positive = _checked(float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
+non_negative = _checked(float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
+port = _checked(int, lambda v: 1 <= v <= 65535, "a port number from 1 to 65535")
+threads = _checked(
+    lambda t: t if t == "auto" else int(t),
+    lambda v: v == "auto" or (isinstance(v, int) and v >= 1),
+    "'auto' or an integer >= 1",
+)
+
+
+def describe(exc: BaseException) -> str:
+    """An exception as one line: its message (a file error's reason), else its type's name."""
+    if isinstance(exc, pydantic.ValidationError):
+        first = exc.errors()[0]
+        where = ".".join(map(str, first["loc"]))
+        return f"{where}: {first['msg']}" if where else first["msg"]
+    if isinstance(exc, OSError) and (exc.errno or exc.strerror):
+        # the errno's own text: pyarrow puts a whole message in strerror
+        return os.strerror(exc.errno) if exc.errno else str(exc.strerror)
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def autopilot_targets(text: str) -> AutopilotSettings:
+    """`--autopilot ttft_p90_ms=800,tpot_p90_ms=60`: enabled autopilot settings."""
+    try:
+        return parse_targets(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

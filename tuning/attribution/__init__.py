@@ -1,0 +1,1 @@
+"""Per-request latency attribution: each request's TTFT and TPOT split by cause."""
