@@ -6,9 +6,9 @@ import pytest
 
 pytest.importorskip("transformers")
 
-import offline_throughput as bench  # (benchmarks/ is on pytest's pythonpath)
-from offline_runners import QUICK_SHAPE, make_workload
-from results_md import markers
+from benchmarks.harness.results_md import markers
+from benchmarks.speed import offline_throughput as bench
+from benchmarks.speed.offline_runners import QUICK_SHAPE, make_workload
 
 
 @pytest.mark.slow

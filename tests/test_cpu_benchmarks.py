@@ -4,16 +4,14 @@ end to end in their quick modes, and the peer benchmark's offline arm on a tiny 
 from dataclasses import replace
 from pathlib import Path
 
-import decode_steps
-import forward  # benchmarks/ is on pytest's pythonpath
-import gil
-import peer_offline
 import pytest
-import serve_overhead
-import threads
-from offline_runners import QUICK_SHAPE, build_checkpoint, make_workload
-from peer_llamacpp import OUTPUT_RANGE, PROMPT_RANGE
-from results_md import markers
+
+from benchmarks.harness.results_md import markers
+from benchmarks.peer import decode_steps, serve_overhead
+from benchmarks.peer import offline as peer_offline
+from benchmarks.peer.runs import OUTPUT_RANGE, PROMPT_RANGE
+from benchmarks.speed import forward, gil, threads
+from benchmarks.speed.offline_runners import QUICK_SHAPE, build_checkpoint, make_workload
 
 
 def _published(path: Path, section: str) -> str:

@@ -1,11 +1,19 @@
-"""benchmarks/results_md.py: each benchmark rewrites only its own section of RESULTS.md."""
+"""benchmarks/harness/results_md.py: each benchmark rewrites only its own section of
+RESULTS.md."""
 
 import argparse
 from pathlib import Path
 
 import pytest
-from machine import measure  # benchmarks/ is on pytest's pythonpath
-from results_md import RESULTS_PATH, add_results_arguments, header, publish, results_path
+
+from benchmarks.harness.machine import measure
+from benchmarks.harness.results_md import (
+    RESULTS_PATH,
+    add_results_arguments,
+    header,
+    publish,
+    results_path,
+)
 
 BEGIN, END = "<!-- mine:begin -->", "<!-- mine:end -->"
 
@@ -38,6 +46,8 @@ def test_results_path_of_the_shared_arguments(tmp_path: Path) -> None:
     p.add_argument("--quick", action="store_true")
     add_results_arguments(p)
     assert results_path(p.parse_args([])) == RESULTS_PATH
+    assert Path(__file__).resolve().parents[1] / "benchmarks" / "RESULTS.md" == RESULTS_PATH
+    assert RESULTS_PATH.is_file()
     assert results_path(p.parse_args(["--quick"])) is None
     assert results_path(p.parse_args(["--quick", "--results", str(tmp_path)])) == tmp_path
     assert results_path(p.parse_args(["--results", str(tmp_path), "--no-write"])) is None

@@ -2,18 +2,12 @@
 
 import json
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-
-ROOT = Path(__file__).resolve().parents[2]
-for folder in (ROOT, ROOT / "benchmarks"):  # the packages; machine, results_md and targets
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
 
 
 def pick_device(dry_run: bool) -> torch.device:

@@ -1,6 +1,6 @@
 """The offline engine on a larger synthetic model, on the GPU in bf16, per backend.
 
-    python benchmarks/gpu/engine_throughput.py --json engine.json [--dry-run]
+    python -m benchmarks.gpu.engine_throughput --json engine.json [--dry-run]
 
 All requests arrive at once (seeded random prompts, greedy, EOS ignored). The engine runs
 on the Triton backends with decode CUDA graphs (`triton`), without them (`triton-eager`,
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench_util import pick_device, save
+from benchmarks.gpu.bench_util import pick_device, save
 
 if TYPE_CHECKING:
     from engine import LLMEngine, SamplingParams

@@ -1,6 +1,6 @@
 """Our Triton MoE kernel against torch grouped_mm and a per-expert torch loop.
 
-    python benchmarks/gpu/moe_kernels.py --roofline roofline.json --json moe.json [--dry-run]
+    python -m benchmarks.gpu.moe_kernels --roofline roofline.json --json moe.json [--dry-run]
 
 Each implementation computes the whole routed expert output from the same inputs (tokens,
 expert order, router weights): gather by expert, gate/up, SiLU-and-multiply, down, weight,
@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_util import load, pick_device, save, time_ms
+
+from benchmarks.gpu.bench_util import load, pick_device, save, time_ms
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """One table from the GPU measurements (roofline, MoE kernels, engine), with the targets.
 
-    python benchmarks/gpu/report.py --roofline r.json --moe m.json [--engine e.json] \
+    python -m benchmarks.gpu.report --roofline r.json --moe m.json [--engine e.json] \
         [--out table.md] [--results benchmarks/RESULTS.md]
 
 --results replaces (or appends) the gpu_kernels section of RESULTS.md, leaving the others;
@@ -12,9 +12,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from bench_util import load
-from results_md import header, publish
-from targets import Target
+from benchmarks.gpu.bench_util import load
+from benchmarks.harness.results_md import header, publish
+from benchmarks.harness.targets import Target
 
 SECTION = "gpu_kernels"
 TARGETS = {
@@ -126,7 +126,7 @@ def section(table: str, machine: dict[str, Any]) -> str:
     return "\n".join(
         [
             header(title, ["bash", "benchmarks/gpu/run_all.sh"], None, machine),
-            "- Report: `python benchmarks/gpu/report.py ... --results benchmarks/RESULTS.md` "
+            "- Report: `python -m benchmarks.gpu.report ... --results benchmarks/RESULTS.md` "
             "here on the files run_all.sh left on the device machine (carry `.whl` there)",
             "- Times: triton.testing.do_bench (L2 flushed between calls); bf16; uniform random "
             "routing; each implementation computes gather, both projections, weighting and scatter",

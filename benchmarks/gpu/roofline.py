@@ -1,6 +1,6 @@
 """The card's ceilings: device-to-device copy bandwidth and the bf16 matmul rate.
 
-python benchmarks/gpu/roofline.py --json out.json [--dry-run]
+python -m benchmarks.gpu.roofline --json out.json [--dry-run]
 """
 
 import argparse
@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_util import pick_device, save, time_ms
-from machine import measure
+
+from benchmarks.gpu.bench_util import pick_device, save, time_ms
+from benchmarks.harness.machine import measure
 
 
 def copy_bandwidth(device: torch.device, nbytes: int) -> float:

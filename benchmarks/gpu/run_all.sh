@@ -53,11 +53,11 @@ if [ -z "${DRY_RUN:-}" ]; then
     done
     cp kernels/configs/grouped_gemm.json "$OUT/"
 fi
-step bench.log 30 $PY benchmarks/gpu/roofline.py "${DRY[@]}" --json "$OUT/roofline.json"
-step bench.log 110 $PY benchmarks/gpu/moe_kernels.py "${DRY[@]}" --roofline "$OUT/roofline.json" \
+step bench.log 30 $PY -m benchmarks.gpu.roofline "${DRY[@]}" --json "$OUT/roofline.json"
+step bench.log 110 $PY -m benchmarks.gpu.moe_kernels "${DRY[@]}" --roofline "$OUT/roofline.json" \
     --json "$OUT/moe.json"
-step bench.log 140 $PY benchmarks/gpu/engine_throughput.py "${DRY[@]}" --json "$OUT/engine.json"
-step bench.log 60 $PY benchmarks/gpu/step_profile.py "${DRY[@]}"
-step bench.log 20 $PY benchmarks/gpu/report.py --roofline "$OUT/roofline.json" \
+step bench.log 140 $PY -m benchmarks.gpu.engine_throughput "${DRY[@]}" --json "$OUT/engine.json"
+step bench.log 60 $PY -m benchmarks.gpu.step_profile "${DRY[@]}"
+step bench.log 20 $PY -m benchmarks.gpu.report --roofline "$OUT/roofline.json" \
     --moe "$OUT/moe.json" --engine "$OUT/engine.json" --out "$OUT/gpu_results.md"
 exit $status

@@ -1,6 +1,6 @@
 """Where an engine step's host time goes, on the GPU engine benchmark's workload.
 
-    python benchmarks/gpu/step_profile.py [--dry-run]
+    python -m benchmarks.gpu.step_profile [--dry-run]
 
 One engine on the Triton backends (decode CUDA graphs on), warmed and then given all requests
 at once, as engine_throughput.py runs it. For the decode-only steps it reports the mean of each
@@ -16,7 +16,7 @@ import pstats
 import time
 from typing import Any
 
-from engine_throughput import Workload, bench_workload, warmed
+from benchmarks.gpu.engine_throughput import Workload, bench_workload, warmed
 
 PHASES = ("schedule", "prepare", "forward", "sample", "total")
 

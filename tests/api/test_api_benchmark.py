@@ -3,8 +3,9 @@
 from pathlib import Path
 
 import pytest
-import serving as bench  # benchmarks/ is on pytest's pythonpath
-from results_md import markers
+
+from benchmarks.harness.results_md import markers
+from benchmarks.speed import serving as bench
 
 
 @pytest.mark.slow

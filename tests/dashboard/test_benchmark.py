@@ -1,10 +1,11 @@
-"""Smoke test: benchmarks/dashboard_bench.py runs end to end in its quick mode."""
+"""Smoke test: benchmarks/dashboard/bench.py runs end to end in its quick mode."""
 
 from pathlib import Path
 
-import dashboard_bench as bench  # benchmarks/ is on pytest's pythonpath
 import pytest
-from results_md import markers
+
+from benchmarks.dashboard import bench
+from benchmarks.harness.results_md import markers
 
 pytestmark = [
     pytest.mark.slow,

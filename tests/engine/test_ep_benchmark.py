@@ -2,9 +2,10 @@
 
 from pathlib import Path
 
-import expert_parallel as bench  # benchmarks/ is on pytest's pythonpath
 import pytest
-from results_md import markers
+
+from benchmarks.harness.results_md import markers
+from benchmarks.speed import expert_parallel as bench
 
 
 @pytest.mark.slow

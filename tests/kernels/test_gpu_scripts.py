@@ -7,25 +7,19 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
 
+from benchmarks.gpu import report
+from benchmarks.harness.machine import measure
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def report(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "gpu"))
-    import report
-
-    return report
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, run_all.sh runs for real")
-def test_dry_run_measures_every_shape_and_backend(tmp_path: Path, report: ModuleType) -> None:
+def test_dry_run_measures_every_shape_and_backend(tmp_path: Path) -> None:
     env = {**os.environ, "DRY_RUN": "1", "PY": sys.executable, "OUT": str(tmp_path)}
     run = subprocess.run(
         ["bash", "benchmarks/gpu/run_all.sh"],
@@ -79,11 +73,7 @@ def _row(name: str, phase: str, ms: float, grouped_mm: float, flop: float, nbyte
     return {"name": name, "phase": phase, "ms": times, **shape, **work}
 
 
-def test_report_checks_the_targets_and_rewrites_only_its_section(
-    tmp_path: Path, report: ModuleType
-) -> None:
-    from machine import measure  # benchmarks/, on the path once report is imported
-
+def test_report_checks_the_targets_and_rewrites_only_its_section(tmp_path: Path) -> None:
     roof = {"device": "test", "copy_gbps": 1000.0, "matmul_tflops": 100.0, "machine": measure()}
     rows = [  # 70 TFLOP/s of 100; 500 GB/s of 1000; 1.25x and 0.8x grouped_mm
         _row("mixtral", "prefill", 1.0, 1.0, 7e10, 0),

@@ -2,10 +2,11 @@
 
 from pathlib import Path
 
-import moe_layer as bench  # benchmarks/ is on pytest's pythonpath
 import pytest
 import torch
-from results_md import markers
+
+from benchmarks.harness.results_md import markers
+from benchmarks.speed import moe_layer as bench
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU benchmark")

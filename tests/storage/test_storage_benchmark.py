@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-import recorder as bench  # benchmarks/ is on pytest's pythonpath
-from results_md import markers
+from benchmarks.harness.results_md import markers
+from benchmarks.speed import recorder as bench
 
 
 def test_quick_run_records_every_step(tmp_path: Path) -> None:

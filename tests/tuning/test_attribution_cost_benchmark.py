@@ -1,10 +1,10 @@
-"""benchmarks/attribution_cost.py measures something real and leaves the engine as it was."""
+"""benchmarks/control/attribution_cost.py measures something real and leaves the engine as it
+was."""
 
 from pathlib import Path
 
-import attribution_cost as bench  # benchmarks/ is on pytest's pythonpath
-from results_md import markers
-
+from benchmarks.control import attribution_cost as bench
+from benchmarks.harness.results_md import markers
 from engine.scheduler import Scheduler
 from engine.step_telemetry import SchedInfo
 

@@ -1,11 +1,11 @@
-"""benchmarks/autopilot.py runs end to end on the tiny model and reports every target."""
+"""benchmarks/control/autopilot.py runs end to end on the tiny model and reports every target."""
 
 from pathlib import Path
 
-import autopilot as bench  # benchmarks/ is on pytest's pythonpath
 import pytest
-from results_md import markers
 
+from benchmarks.control import autopilot as bench
+from benchmarks.harness.results_md import markers
 from cli.loadgen import load_trace
 
 pytestmark = pytest.mark.slow  # four real servers replay a 12 s trace

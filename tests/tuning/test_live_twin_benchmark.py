@@ -1,14 +1,14 @@
-"""benchmarks/live_twin.py rebuilds a live engine's queue from its records and runs end to end
-on the tiny model."""
+"""benchmarks/control/live_twin.py rebuilds a live engine's queue from its records and runs end
+to end on the tiny model."""
 
 from pathlib import Path
 from typing import Any
 
-import live_twin as bench  # benchmarks/ is on pytest's pythonpath
 import pytest
-from results_md import markers
 
 import stats
+from benchmarks.control import live_twin as bench
+from benchmarks.harness.results_md import markers
 
 
 def record(arrival: float, ttft_ms: float, finished_t: float, output_len: int) -> dict[str, Any]:

@@ -5,7 +5,8 @@ import math
 from typing import Any
 
 import pytest
-import twin as bench  # benchmarks/ is on pytest's pythonpath
+
+from benchmarks.control import twin as bench
 
 POSITIVE = ("throughput_tok_s", "ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "tpot_p90_ms")
 

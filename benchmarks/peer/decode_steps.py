@@ -2,7 +2,7 @@
 llama.cpp, and how many of the workload's steps run at each batch size.
 
 1. Batched decode on issue 17's model (the peer benchmark's checkpoint and GGUFs, cached by
-   `peer_llamacpp.py`), f32 and bf16, 2 threads: B sequences of a `--prompt`-token prompt
+   `llamacpp.py`), f32 and bf16, 2 threads: B sequences of a `--prompt`-token prompt
    generate `--tokens` tokens together. llama.cpp: its `llama-batched-bench` (`-fa off`, the
    KV cache at the precision), ms per decode step = its generation seconds / tokens.
    moescope: its engine with the B requests added at once, ms per decode step = the median
@@ -16,7 +16,7 @@ llama.cpp, and how many of the workload's steps run at each batch size.
 
 Writes its section of benchmarks/RESULTS.md.
 
-    python benchmarks/decode_steps.py       # --quick: a tiny model, moescope only, no file
+    python -m benchmarks.peer.decode_steps       # --quick: a tiny model, moescope only, no file
 """
 
 from __future__ import annotations
@@ -32,21 +32,23 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import machine
 import numpy as np
-import peer_build
-from offline_runners import (
+
+from benchmarks.harness import machine
+from benchmarks.harness.results_md import add_results_arguments, header, publish, results_path
+from benchmarks.peer import build as peer_build
+from benchmarks.peer.runs import OUTPUT_RANGE, PROMPT_RANGE, cached_checkpoint
+from benchmarks.speed.offline_runners import (
     QUICK_SHAPE,
     SERVE_SHAPE,
     Shape,
     build_checkpoint,
     make_workload,
+    ours_decode_ms,
     progress,
+    timed_steps,
     warm_ours,
 )
-from peer_llamacpp import OUTPUT_RANGE, PROMPT_RANGE, cached_checkpoint
-from results_md import add_results_arguments, header, publish, results_path
-
 from engine import LLMEngine, SamplingParams
 
 SECTION = "decode_steps"
@@ -61,28 +63,6 @@ def engine_for(model: Path, dtype: str, threads: int, blocks: int) -> LLMEngine:
     )
     warm_ours(engine, engine.model_config.vocab_size)
     return engine
-
-
-def timed_steps(engine: LLMEngine) -> list[tuple[float, int, int]]:
-    """Step until done: each step's wall ms, running sequences and prefill tokens."""
-    out = []
-    while engine.has_unfinished():
-        t0 = time.perf_counter()
-        result = engine.step()
-        ms = (time.perf_counter() - t0) * 1000
-        batch = result.telemetry.batch
-        out.append((ms, len(batch.slots), batch.num_prefill_tokens))
-    return out
-
-
-def ours_decode_ms(engine: LLMEngine, batch: int, prompt: int, tokens: int) -> float:
-    """Median wall ms of the steps in which all `batch` sequences decode."""
-    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
-    vocab = engine.model_config.vocab_size
-    for i in range(batch):
-        engine.add_request([1 + (i * 7 + j) % (vocab - 1) for j in range(prompt)], params)
-    steps = timed_steps(engine)
-    return statistics.median(ms for ms, n, pre in steps if n == batch and pre == 0)
 
 
 def llama_decode_ms(gguf: Path, kv: str, args: argparse.Namespace) -> dict[int, float]:
@@ -158,10 +138,10 @@ def bucket_rows(run: dict[str, Any], llama: dict[int, float] | None) -> list[str
 
 
 def render(args: argparse.Namespace, argv: list[str], out: dict[str, Any], total_s: float) -> str:
-    command = ["python", "benchmarks/decode_steps.py", *argv]
+    command = ["python", "-m", "benchmarks.peer.decode_steps", *argv]
     lines = [
         header(
-            "Where the peer workload's time goes (`benchmarks/decode_steps.py`)",
+            "Where the peer workload's time goes (`benchmarks/peer/decode_steps.py`)",
             command,
             total_s,
             machine.measure(),

@@ -12,7 +12,7 @@ Imbalance: per step, the busiest rank's pairs summed over layers over the mean's
 (the MoE time lost to waiting for the straggler); weighted by pairs over the run.
 On 2 shared cores two ranks compete with each other, so step times are informative only.
 
-    python benchmarks/expert_parallel.py            # --quick for a smoke run (writes nothing)
+    python -m benchmarks.speed.expert_parallel            # --quick for a smoke run (writes nothing)
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import machine
 import torch
-from results_md import add_results_arguments, header, publish, results_path
 
+from benchmarks.harness import machine
+from benchmarks.harness.results_md import add_results_arguments, header, publish, results_path
 from engine import LLMEngine, SamplingParams
 
 SECTION = "expert_parallel"
@@ -131,7 +131,7 @@ def render(
     max_tokens: int,
 ) -> str:
     base = runs[0].step_ms
-    command = ["python", "benchmarks/expert_parallel.py", *argv]
+    command = ["python", "-m", "benchmarks.speed.expert_parallel", *argv]
     lines = [
         header("Expert parallel (CPU, gloo)", command, runtime_s, machine.measure()),
         f"- Workload: 1 torch thread per rank; {model} (router_skew {skew}), {n} requests of "

@@ -20,7 +20,7 @@ tokens after the look, the rest by their own. The noise floor is the mean absolu
 difference between two runs of the same knobs at the same look. The twin's predicted gain
 of the candidate over the defaults (in the defaults' runs) is set against the measured one
 (the candidate's runs against the defaults' at the same look).
-Run: `python benchmarks/live_twin.py` (about 10 min; `--quick` for a smoke run).
+Run: `python -m benchmarks.control.live_twin` (about 10 min; `--quick` for a smoke run).
 """
 
 from __future__ import annotations
@@ -36,11 +36,10 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-import machine
-from autopilot import serving, wait_recorded
-from results_md import add_results_arguments, header, publish, results_path
-
 import stats
+from benchmarks.control.autopilot import serving, wait_recorded
+from benchmarks.harness import machine
+from benchmarks.harness.results_md import add_results_arguments, header, publish, results_path
 from cli.loadgen import parse_dist, poisson_arrivals, run_load
 from engine.knobs import Knobs
 from engine.queue_snapshot import QueuedRequest, QueueSnapshot
@@ -304,8 +303,8 @@ def summarize(looks: list[Look]) -> dict[str, Any]:
 def render(args: argparse.Namespace, argv: list[str], out: dict[str, Any], wall: float) -> str:
     lines = [
         header(
-            "Live twin: its level at the autopilot's looks (`benchmarks/live_twin.py`)",
-            ["python", "benchmarks/live_twin.py", *argv],
+            "Live twin: its level at the autopilot's looks (`benchmarks/control/live_twin.py`)",
+            ["python", "-m", "benchmarks.control.live_twin", *argv],
             wall,
             machine.measure(),
         ),
@@ -316,7 +315,7 @@ def render(args: argparse.Namespace, argv: list[str], out: dict[str, Any], wall:
         f"- Runs: defaults and candidate {args.changes}, {args.repeats} each, interleaved; a "
         f"look every {args.every:g} s from {args.skip:g} s, horizon {args.horizon:g} s",
         "- Whole runs' SLO attainment, %, each request by its own latencies (as "
-        "`benchmarks/autopilot.py` scores a phase): "
+        "`benchmarks/control/autopilot.py` scores a phase): "
         + "; ".join(
             f"{kind} {', '.join(pct(v) for v in values)}" for kind, values in out["whole"].items()
         ),

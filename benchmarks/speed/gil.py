@@ -8,7 +8,7 @@ prompt tokens decoding 32): quiet; a pure-Python busy thread at the default swit
 (5 ms) and at 0.5 ms; the same busy loop in a child process at nice 10 (what the autopilot
 does now). Cells: median decode step ms per round. Writes its section of RESULTS.md.
 
-    python benchmarks/gil.py            # --quick for a smoke run (writes nothing)
+    python -m benchmarks.speed.gil            # --quick for a smoke run (writes nothing)
 """
 
 from __future__ import annotations
@@ -22,16 +22,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import machine  # noqa: E402
-from decode_steps import ours_decode_ms  # noqa: E402
-from results_md import add_results_arguments, header, publish, results_path  # noqa: E402
-
-from engine.engine import LLMEngine  # noqa: E402
+from benchmarks.harness import machine
+from benchmarks.harness.results_md import add_results_arguments, header, publish, results_path
+from benchmarks.speed.offline_runners import ours_decode_ms
+from engine.engine import LLMEngine
 
 SECTION = "gil"
 BATCH, PROMPT, TOKENS = 16, 64, 32
@@ -105,8 +100,8 @@ def render(ms: dict[str, list[float]], argv: list[str], seconds: float) -> str:
     base = statistics.median(ms["quiet"])
     lines = [
         header(
-            "The engine beside a busy Python thread (`benchmarks/gil.py`)",
-            ["python", "benchmarks/gil.py", *argv],
+            "The engine beside a busy Python thread (`benchmarks/speed/gil.py`)",
+            ["python", "-m", "benchmarks.speed.gil", *argv],
             seconds,
             machine.measure(),
         ),

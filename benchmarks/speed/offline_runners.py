@@ -1,6 +1,8 @@
 """The runs of the offline throughput benchmark: its model and workload, and one runner per
 engine (ours continuous or static, `transformers` static `generate` and its continuous
 batching). Each runner returns a `RunResult`; offline_throughput.py times and reports them.
+Last, the engine's steps timed one by one (`timed_steps`, `ours_decode_ms`), for
+`peer/decode_steps.py` and `gil.py`.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import logging
 import math
 import os
 import random
+import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -534,3 +537,25 @@ def tune_hf_cb(
         sweep.append((cfg, r.tok_per_s))
         progress(f"    sweep {cfg}: {r.tok_per_s:.1f} tok/s on {len(subset)} requests")
     return max(sweep, key=lambda p: p[1])[0], sweep
+
+
+def timed_steps(engine: LLMEngine) -> list[tuple[float, int, int]]:
+    """Step until done: each step's wall ms, running sequences and prefill tokens."""
+    out = []
+    while engine.has_unfinished():
+        t0 = time.perf_counter()
+        result = engine.step()
+        ms = (time.perf_counter() - t0) * 1000
+        batch = result.telemetry.batch
+        out.append((ms, len(batch.slots), batch.num_prefill_tokens))
+    return out
+
+
+def ours_decode_ms(engine: LLMEngine, batch: int, prompt: int, tokens: int) -> float:
+    """Median wall ms of the steps in which all `batch` sequences decode."""
+    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    vocab = engine.model_config.vocab_size
+    for i in range(batch):
+        engine.add_request([1 + (i * 7 + j) % (vocab - 1) for j in range(prompt)], params)
+    steps = timed_steps(engine)
+    return statistics.median(ms for ms, n, pre in steps if n == batch and pre == 0)

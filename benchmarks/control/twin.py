@@ -35,10 +35,10 @@ diagnostic.
 
 Writes a section of benchmarks/RESULTS.md, and `main` returns its data.
 
-Run: `python benchmarks/twin.py` for the full run. On 2 cores it takes about 20-25 min,
+Run: `python -m benchmarks.control.twin` for the full run. On 2 cores it takes about 20-25 min,
 mostly the 3 sessions x 7 settings x 3 reruns of 15-30 s each; the log prints the time the
 twin expects each round of reruns to take. `--sessions near` runs fewer sessions and
-`--duration` sets shorter ones. `python benchmarks/twin.py --quick` is a smoke run of about
+`--duration` sets shorter ones. `python -m benchmarks.control.twin --quick` is a smoke run of about
 20 s: synthetic:tiny, one 3 s session, the defaults and one other setting, one rerun each.
 It writes nothing unless `--results` is given.
 """
@@ -60,11 +60,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import machine
-from results_md import add_results_arguments, header, publish, results_path
-from serving import server
-from targets import Target
 
+from benchmarks.harness import machine
+from benchmarks.harness.results_md import add_results_arguments, header, publish, results_path
+from benchmarks.harness.targets import Target
+from benchmarks.speed.serving import server
 from cli.loadgen import Arrival, parse_dist, poisson_arrivals, run_load
 from stats import percentile
 from storage import Store
@@ -692,9 +692,14 @@ def method_lines(args: argparse.Namespace, out: dict[str, Any]) -> list[str]:
 
 
 def render(args: argparse.Namespace, argv: list[str], out: dict[str, Any], total_s: float) -> str:
-    command = ["python", "benchmarks/twin.py", *argv]
+    command = ["python", "-m", "benchmarks.control.twin", *argv]
     lines = [
-        header("What-if twin accuracy (`benchmarks/twin.py`)", command, total_s, machine.measure()),
+        header(
+            "What-if twin accuracy (`benchmarks/control/twin.py`)",
+            command,
+            total_s,
+            machine.measure(),
+        ),
         *method_lines(args, out),
         "",
         *overview(out),

@@ -8,7 +8,7 @@ turns the bookkeeping out of the scheduler and the record (`attribution`): what 
 did before telemetry v2; every arm patches the same names (on with themselves). Storage
 is the JSON of each step record as the recorder stores it, with and without its `sched`.
 Writes a section of benchmarks/RESULTS.md.
-Run: `python benchmarks/attribution_cost.py` (`--quick` for a smoke run).
+Run: `python -m benchmarks.control.attribution_cost` (`--quick` for a smoke run).
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from collections.abc import Iterator
 from typing import Any
 from unittest import mock
 
-import machine
 import torch
-from results_md import add_results_arguments, header, publish, results_path
-from targets import Target
 
 import engine.step_telemetry
+from benchmarks.harness import machine
+from benchmarks.harness.results_md import add_results_arguments, header, publish, results_path
+from benchmarks.harness.targets import Target
 from engine import LLMEngine, SamplingParams
 from engine.scheduler import Scheduler
 from engine.telemetry import SchedInfo
@@ -120,11 +120,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def render(args: argparse.Namespace, argv: list[str], r: dict[str, Any], total_s: float) -> str:
-    command = ["python", "benchmarks/attribution_cost.py", *argv]
+    command = ["python", "-m", "benchmarks.control.attribution_cost", *argv]
     storage = r["bytes_on"] / r["bytes_off"]
     lines = [
         header(
-            "Latency attribution: cost (`benchmarks/attribution_cost.py`)",
+            "Latency attribution: cost (`benchmarks/control/attribution_cost.py`)",
             command,
             total_s,
             machine.measure(),

@@ -150,7 +150,12 @@ def switch_to_live(page: Page) -> tuple[float, list[float]]:
     return drawn, [ms / 1000 - clicked for ms in started]
 
 
-SERVER_CHART = """() => Boolean(document.querySelector(
-    '[data-testid="stMain"] [data-testid="stPlotlyChart"] .main-svg'))"""
+# Compare's component: both sessions' throughput panels drawn with their recorded steps
+COMPARE_DRAWN = """() => {
+    const frame = document.querySelector('iframe[title="dashboard.live_charts.live_charts"]');
+    const doc = frame && frame.contentDocument;
+    const panels = doc ? [...doc.querySelectorAll('.source [data-panel="throughput"]')] : [];
+    return panels.length === 2 && panels.every((p) => p.data && p.data[0] && p.data[0].x.length);
+}"""
 REPLAY_READY = """() => [...document.querySelectorAll('button')]
     .some((b) => b.innerText.trim() === "Play")"""

@@ -18,7 +18,7 @@ recorded knob changes, the autopilot's changes, how long after each phase change
 changing (settle), and its changes a minute after that; from GET /api/autopilot and the
 recorded steps, the autopilot's CPU against the engine thread's step time; from polling GET
 /api/autopilot during the run, what it last said in each phase (a hold leaves only a note).
-Run: `python benchmarks/autopilot.py` (`--quick` for a smoke run).
+Run: `python -m benchmarks.control.autopilot` (`--quick` for a smoke run).
 """
 
 from __future__ import annotations
@@ -39,13 +39,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import machine
-from offline_runners import Workload, run_ours
-from results_md import add_results_arguments, header, publish, results_path
-from serving import server
-from targets import Target
 
 import stats
+from benchmarks.harness import machine
+from benchmarks.harness.results_md import add_results_arguments, header, publish, results_path
+from benchmarks.harness.targets import Target
+from benchmarks.speed.offline_runners import Workload, run_ours
+from benchmarks.speed.serving import server
 from cli.loadgen import Arrival, load_trace, parse_dist, poisson_arrivals, trace_text
 from engine import LLMEngine
 from storage import Store
@@ -347,9 +347,11 @@ def long_text(args: argparse.Namespace) -> str:
 
 
 def render(args: argparse.Namespace, argv: list[str], out: dict[str, Any], total_s: float) -> str:
-    command = ["python", "benchmarks/autopilot.py", *argv]
+    command = ["python", "-m", "benchmarks.control.autopilot", *argv]
     lines = [
-        header("SLO autopilot (`benchmarks/autopilot.py`)", command, total_s, machine.measure()),
+        header(
+            "SLO autopilot (`benchmarks/control/autopilot.py`)", command, total_s, machine.measure()
+        ),
         f"- Server: `moescope serve --model {args.model} --threads {args.threads} --db "
         "<temporary SQLite>`, a fresh one per run; the trace replayed on it by `moescope load "
         "--trace` in its own process (`--save-trace PATH` keeps the file). The cores are "

@@ -1,8 +1,10 @@
-"""The machine a benchmark runs on, measured as it runs: each report's `Machine:` line."""
+"""The machine a benchmark runs on, measured as it runs (each report's `Machine:` line), and
+the engine code that ran on it."""
 
 import datetime as dt
 import os
 import platform
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -45,3 +47,22 @@ def describe(m: dict[str, Any]) -> str:
         f"{load} over 1, 5, 15 min when measured; torch {m['torch']} with "
         f"{m['torch_threads']} intra-op thread(s), Python {m['python']}"
     )
+
+
+def engine_revision() -> str:
+    """The engine code that ran: git commit of the imported `engine` package, dirty or not."""
+    import engine
+
+    root = Path(engine.__file__).resolve().parents[1]
+    try:
+        rev = _git(root, "rev-parse", "--short", "HEAD").strip()
+        dirty = _git(root, "status", "--porcelain", "--", "engine", "kernels")
+    except (OSError, subprocess.CalledProcessError):
+        return f"{root} (not a git checkout)"
+    return f"commit {rev}" + (" with uncommitted changes in engine/ or kernels/" if dirty else "")
+
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=root, check=True, capture_output=True, text=True
+    ).stdout

@@ -13,7 +13,7 @@ floor of that choice.
 
 Writes its section of benchmarks/RESULTS.md.
 
-    python benchmarks/forward.py            # --quick for a smoke run (writes nothing)
+    python -m benchmarks.speed.forward            # --quick for a smoke run (writes nothing)
 """
 
 from __future__ import annotations
@@ -27,9 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import machine
 import torch
-from offline_runners import (
+
+from benchmarks.harness import machine
+from benchmarks.harness.results_md import add_results_arguments, header, publish, results_path
+from benchmarks.harness.targets import Target
+from benchmarks.speed.offline_runners import (
     FINE_SHAPE,
     QUICK_SHAPE,
     SERVE_SHAPE,
@@ -41,9 +44,6 @@ from offline_runners import (
     progress,
     warm_ours,
 )
-from results_md import add_results_arguments, header, publish, results_path
-from targets import Target
-
 from engine import SamplingParams
 
 SECTION = "forward"
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     lines = [
         header(
             f"Forward pass on the CPU: float32 and bf16 at {args.threads} threads",
-            ["python", "benchmarks/forward.py", *argv],
+            ["python", "-m", "benchmarks.speed.forward", *argv],
             time.perf_counter() - start,
             meas,
         ),

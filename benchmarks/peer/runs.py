@@ -1,63 +1,48 @@
-"""`moescope serve` against llama.cpp's `llama-server` on the same weights and precision.
-
-One seeded Mixtral-shaped checkpoint, converted to GGUF by llama.cpp's own script at f32 and
-bf16 (`peer_build.py` builds and converts, cached outside the repo). One async client here
-drives both servers alike: every request of the workload sent at once, token-id prompts,
-greedy, EOS ignored, each response checked to hold exactly its requested token count;
-throughput is output tokens over the wall time from the first send to the last response.
-Before timing, the first greedy tokens of a few prompts are compared between the two.
-llama.cpp's slots, threads, micro-batch and flash attention are swept on the workload first
-and its best setting is timed. Each server runs in a fresh subprocess per run, warmed up;
-the runs alternate (llama.cpp, moescope, moescope A/A) for `--repeats` rounds. Writes a
-section of benchmarks/RESULTS.md. Never run in CI (it builds llama.cpp: ~11 min on 2 cores).
-Run: `python benchmarks/peer_llamacpp.py` (`--quick` for a smoke run).
+"""One timed run of the peer workload against one server, and what it takes: llama-server
+and `moescope serve` started in fresh subprocesses once the machine is quiet, the async client
+that drives both alike, the offline arm (`offline.py`, in a fresh process), the seeded
+checkpoint and the contexts the runs share. `llamacpp.py` and `serve_overhead.py` run these;
+`report.py` describes them.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
-import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import httpx
-import peer_build
-import peer_report
 import psutil
-from offline_runners import (
+
+from benchmarks.harness.server_process import healthy
+from benchmarks.peer import build as peer_build
+from benchmarks.speed.offline_runners import (
     FINE_SHAPE,
     SERVE_SHAPE,
     Shape,
     Workload,
     build_checkpoint,
-    make_workload,
     quiet_transformers,
 )
-from results_md import add_results_arguments, publish, results_path
-from server_process import healthy
-
 from engine.ep.ranks import free_port
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHAPES = {"serve": SERVE_SHAPE, "fine": FINE_SHAPE}  # --shape: issue 17's, fine-grained experts
 PROMPT_RANGE, OUTPUT_RANGE = (16, 512), (8, 245)
 DTYPES = {"f32": "float32", "bf16": "bfloat16"}
 SERVED_NAME = "peer"
-AGREE_PROMPTS, AGREE_TOKENS = 4, 32
 RUN_LIMIT_S = 900  # a run this long means the machine is swamped: stop rather than wait
 # Before each run, wait (at most QUIET_WAIT_S) until other processes use less than QUIET_CORES:
 # llama.cpp's spinning thread barriers slow down many times over on oversubscribed cores.
 QUIET_CORES, QUIET_WAIT_S = 0.2, 600
-ENGINES = ("llama.cpp", "moescope", "moescope offline", "moescope A/A")  # each round's order
 
 
 def progress(message: str) -> None:
@@ -177,7 +162,7 @@ def moescope(
 # ---------------------------------------------------------------- the client
 
 
-def _request(engine: str, prompt: list[int], n: int, tokens: bool = False) -> tuple[str, dict]:
+def request_body(engine: str, prompt: list[int], n: int, tokens: bool = False) -> tuple[str, dict]:
     """The path and body of one greedy, EOS-ignoring completion of `n` tokens."""
     if engine == "llama.cpp":
         body = {"prompt": prompt, "n_predict": n, "ignore_eos": True, "temperature": 0.0}
@@ -193,7 +178,7 @@ def _count(engine: str, reply: dict[str, Any]) -> int:
 
 
 async def _send(session: aiohttp.ClientSession, server: Server, prompt: list[int], n: int) -> int:
-    path, body = _request(server.engine, prompt, n)
+    path, body = request_body(server.engine, prompt, n)
     async with session.post(server.url + path, json=body) as reply:
         reply.raise_for_status()
         return _count(server.engine, await reply.json())
@@ -260,62 +245,7 @@ def _engine_loop(server: Server) -> dict[str, Any]:
     return httpx.get(server.url + "/api/status", timeout=10).json()["loop"]
 
 
-# ---------------------------------------------------------------- agreement
-
-
-def llama_tokens(server: Server, prompts: list[list[int]], n: int) -> list[list[int]]:
-    """llama-server's greedy tokens, one request at a time."""
-    out = []
-    for p in prompts:
-        path, body = _request("llama.cpp", p, n, tokens=True)
-        reply = httpx.post(server.url + path, json=body, timeout=120)
-        reply.raise_for_status()
-        out.append(reply.json()["tokens"])
-    return out
-
-
-def moescope_tokens(model: Path, dtype: str, prompts: list[list[int]], n: int) -> list[list[int]]:
-    """moescope's greedy tokens (the engine `moescope serve` runs, here in process; the
-    server's replies carry text, and this checkpoint has no tokenizer)."""
-    from engine import LLM, SamplingParams
-
-    llm = LLM(str(model), dtype=dtype, num_kv_blocks=256)
-    params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-    return [o.token_ids for o in llm.generate(prompts, [params] * len(prompts))]
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """How many leading tokens `a` and `b` share."""
-    pairs = zip(a, b, strict=False)  # either may be shorter
-    return next((i for i, (x, y) in enumerate(pairs) if x != y), min(len(a), len(b)))
-
-
-def agreement(ctx: Context, precision: str, wl: Workload) -> list[dict[str, Any]]:
-    """Per prompt: its length and how many leading greedy tokens the two engines share
-    (llama-server with `-fa off` and the KV cache at the run's precision); below f32, also
-    how many each shares with moescope at f32."""
-    prompts = wl.prompts[:AGREE_PROMPTS]
-    with llama(ctx.bins, ctx.gguf[precision], LlamaSetting(4), ctx.slot_ctx, precision) as s:
-        theirs = llama_tokens(s, prompts, AGREE_TOKENS)
-    ours = moescope_tokens(ctx.model, DTYPES[precision], prompts, AGREE_TOKENS)
-    ref = (
-        ours if precision == "f32" else moescope_tokens(ctx.model, "float32", prompts, AGREE_TOKENS)
-    )
-    rows = [
-        {
-            "prompt": len(p),
-            "same": common_prefix(a, b),
-            "llama_vs_f32": common_prefix(a, r),
-            "moescope_vs_f32": common_prefix(b, r),
-            "of": AGREE_TOKENS,
-        }
-        for p, a, b, r in zip(prompts, theirs, ours, ref, strict=True)
-    ]
-    progress(f"{precision} agreement (leading tokens equal): {[r['same'] for r in rows]}")
-    return rows
-
-
-# ---------------------------------------------------------------- sweep and rounds
+# ---------------------------------------------------------------- contexts and runs
 
 
 @dataclass
@@ -373,15 +303,16 @@ def moescope_run(ctx: OursContext, precision: str, wl: Workload) -> Run:
 
 def offline_run(ctx: OursContext, precision: str, via: str = "steps") -> Run:
     """The workload through the engine `moescope serve` runs, with its flags, in process
-    (`peer_offline.py`, a fresh process like each server's), stepped on the main thread or,
+    (`offline.py`, a fresh process like each server's), stepped on the main thread or,
     `via="loop"`, by an engine loop on its own thread."""
     if ctx.quiet:
         wait_quiet()
-    cmd = [sys.executable, str(REPO / "benchmarks" / "peer_offline.py"), str(ctx.model)]
+    cmd = [sys.executable, "-m", "benchmarks.peer.offline", str(ctx.model.resolve())]
     cmd += [*("--dtype", DTYPES[precision], "--threads", str(ctx.threads))]
     cmd += [*("--kv-blocks", str(ctx.kv_blocks), "--requests", str(ctx.requests))]
     cmd += ["--seed", str(ctx.seed), "--via", via]
-    out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO)
+    out = json.loads(done.stdout)
     run = Run(
         "moescope offline",
         "LLMEngine" if via == "steps" else "EngineLoop",
@@ -394,144 +325,6 @@ def offline_run(ctx: OursContext, precision: str, via: str = "steps") -> Run:
     return run
 
 
-def sweep(
-    ctx: Context, precision: str, wl: Workload, quick: bool
-) -> tuple[LlamaSetting, list[Run]]:
-    """llama.cpp's best setting by coordinate search (slots, then threads, then micro-batch,
-    then flash attention; each stage keeps the fastest on `wl`) and every tried setting's run."""
-    best, tried = LlamaSetting(min(16, len(wl)), ctx.threads), list[Run]()
-    if quick:
-        return best, tried
-    scores: dict[LlamaSetting, float] = {}
-
-    def trial(settings: list[LlamaSetting]) -> LlamaSetting:
-        for s in settings:
-            if s not in scores:
-                run = llama_run(ctx, precision, s, wl)
-                scores[s] = run.tok_s
-                tried.append(run)
-                progress(f"{precision} sweep {s}: {run.tok_s:.1f} tok/s")
-        return max(scores, key=scores.__getitem__)
-
-    best = trial([replace(best, parallel=n) for n in (16, 32, 64, 128)])
-    # the fastest slot count is the smallest tried: halve it while that still helps
-    while best.parallel > 1 and best.parallel == min(s.parallel for s in scores):
-        fewer = trial([replace(best, parallel=best.parallel // 2)])
-        if fewer == best:
-            break
-        best = fewer
-    best = trial([replace(best, threads=t) for t in (1, 2)])
-    best = trial([replace(best, ubatch=u) for u in (128, 512, 2048)])
-    return trial([replace(best, flash=f) for f in ("off", "on")]), tried
-
-
-def rounds(ctx: Context, precision: str, setting: LlamaSetting, wl: Workload, n: int) -> list[Run]:
-    """`n` rounds of llama.cpp, moescope, moescope again (the A/A control), in that order."""
-    runs: list[Run] = []
-    for r in range(n):
-        for engine in ENGINES:
-            if engine == "llama.cpp":
-                run = llama_run(ctx, precision, setting, wl)
-            elif engine == "moescope offline":
-                run = offline_run(ctx, precision)
-            else:
-                run = moescope_run(ctx, precision, wl)
-                run.engine = engine
-            run.extra["round"] = r + 1
-            runs.append(run)
-            progress(
-                f"{precision} round {r + 1} {engine}: {run.tok_s:.1f} tok/s "
-                f"({run.wall_s:.1f} s, server CPU {run.cpu_s:.1f} s)"
-            )
-    return runs
-
-
-def summarize(runs: list[Run]) -> dict[str, float]:
-    """Median tok/s per engine, the ratios moescope serve / llama.cpp and serve / offline,
-    and the A/A ratio."""
-    med = {e: statistics.median(r.tok_s for r in runs if r.engine == e) for e in ENGINES}
-    return {
-        **med,
-        "ratio": med["moescope"] / med["llama.cpp"],
-        "offline_ratio": med["moescope"] / med["moescope offline"],
-        "aa": med["moescope A/A"] / med["moescope"],
-    }
-
-
-# ---------------------------------------------------------------- main
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--precision", choices=["f32", "bf16", "both"], default="both")
-    p.add_argument("--shape", choices=list(SHAPES), default="serve", help="the model's MoE shape")
-    p.add_argument("--repeats", type=int, default=3, help="alternating rounds per precision")
-    p.add_argument("--requests", type=int, default=128)
-    p.add_argument("--threads", type=int, default=2, help="threads of each server")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="16 requests, 1 round, no sweep")
-    add_results_arguments(p)
-    args = p.parse_args(argv)
-    if args.quick:
-        args.requests, args.repeats = 16, 1
-    return args
-
-
-def prepare(args: argparse.Namespace, precisions: list[str], wl: Workload) -> Context:
-    """Build llama.cpp, the checkpoint and its GGUFs (each only if not cached)."""
-    src = peer_build.fetch_source()
-    bins = peer_build.build(src)
-    shape = SHAPES[args.shape]
-    model = cached_checkpoint(shape, args.seed)
-    gguf = {p: peer_build.convert(src, model, shape.vocab, p) for p in precisions}
-    longest = max(len(p) + n for p, n in zip(wl.prompts, wl.max_tokens, strict=True))
-    slot_ctx = -(-longest // 256) * 256
-    ours = OursContext(shape, model, kv_blocks(wl), args.threads, len(wl), args.seed)
-    return Context(**vars(ours), source=src, bins=bins, gguf=gguf, slot_ctx=slot_ctx)
-
-
 def kv_blocks(wl: Workload) -> int:
     """KV blocks of 16 that hold every request of `wl` at once, and some to spare."""
     return wl.blocks(16) + 128
-
-
-def measure(ctx: Context, precision: str, wl: Workload, args: argparse.Namespace) -> dict:
-    """One precision: agreement, sweep, the alternating rounds and their medians."""
-    started = time.perf_counter()
-    agree = agreement(ctx, precision, wl)
-    best, tried = sweep(ctx, precision, wl, args.quick)
-    progress(f"{precision}: llama.cpp best setting {best}")
-    runs = rounds(ctx, precision, best, wl, args.repeats)
-    return {
-        "agreement": agree,
-        "sweep": tried,
-        "best": best,
-        "runs": runs,
-        "summary": summarize(runs),
-        "runtime_s": time.perf_counter() - started,
-    }
-
-
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Build, then per precision measure and publish its own section; returns per precision
-    the agreement, sweep, best setting, runs and medians."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_args(argv)
-    precisions = ["f32", "bf16"] if args.precision == "both" else [args.precision]
-    wl = make_workload(
-        args.requests, args.seed, SHAPES[args.shape].vocab, PROMPT_RANGE, OUTPUT_RANGE
-    )
-    started = time.perf_counter()
-    ctx = prepare(args, precisions, wl)
-    args.prepare_s = time.perf_counter() - started
-    progress(f"workload: {len(wl)} requests, {wl.num_output_tokens} output tokens")
-    out: dict[str, Any] = {}
-    for precision in precisions:
-        out[precision] = res = measure(ctx, precision, wl, args)
-        text = peer_report.render(args, argv, ctx, wl, precision, res)
-        publish(peer_report.section(precision, args.shape), text, results_path(args))
-    return out
-
-
-if __name__ == "__main__":
-    main()

@@ -8,7 +8,7 @@ stepped here the way the engine loop does (step, then publish the record if anyo
 subscribed), in rotating blocks with the recorder subscribed (on) and not (off, and off2
 as an A/A control); the recorder thread writes to SQLite throughout. Writes a section of
 benchmarks/RESULTS.md.
-Run: `python benchmarks/recorder.py` (`--quick` for a smoke run).
+Run: `python -m benchmarks.speed.recorder` (`--quick` for a smoke run).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import machine
 import torch
-from results_md import add_results_arguments, header, publish, results_path
-from targets import Target
 
+from benchmarks.harness import machine
+from benchmarks.harness.results_md import add_results_arguments, header, publish, results_path
+from benchmarks.harness.targets import Target
 from engine import LLMEngine, SamplingParams
 from engine.bus import TelemetryBus
 from engine.telemetry import StepTelemetry
@@ -221,9 +221,11 @@ def render(
     total_s: float,
 ) -> str:
     """This benchmark's RESULTS.md section."""
-    command = ["python", "benchmarks/recorder.py", *argv]
+    command = ["python", "-m", "benchmarks.speed.recorder", *argv]
     lines = [
-        header("Session recorder (`benchmarks/recorder.py`)", command, total_s, machine.measure()),
+        header(
+            "Session recorder (`benchmarks/speed/recorder.py`)", command, total_s, machine.measure()
+        ),
         "- Database: a SQLite file in WAL mode, synchronous=NORMAL. The cores are shared with "
         "other workers, so absolute numbers are noisy",
         "",

@@ -7,7 +7,7 @@ and with its `grouped_mm` experts; and a per-token loop (each token through its 
 experts). At 1, 16, 64, 256 and 2048 tokens, as times and as ratios to ours (grouped_mm),
 in one run. Writes its section of benchmarks/RESULTS.md.
 
-    python benchmarks/moe_layer.py            # --quick for a smoke run (writes nothing)
+    python -m benchmarks.speed.moe_layer            # --quick for a smoke run (writes nothing)
 """
 
 from __future__ import annotations
@@ -16,24 +16,18 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-import machine  # noqa: E402
-from offline_runners import moe_backend  # noqa: E402
-from results_md import add_results_arguments, header, publish, results_path  # noqa: E402
-
-from engine.config import ModelConfig  # noqa: E402
-from engine.model.context import ForwardContext  # noqa: E402
-from engine.model.moe import MoEBlock, route  # noqa: E402
-from stats import percentile  # noqa: E402
+from benchmarks.harness import machine
+from benchmarks.harness.results_md import add_results_arguments, header, publish, results_path
+from benchmarks.speed.offline_runners import moe_backend
+from engine.config import ModelConfig
+from engine.model.context import ForwardContext
+from engine.model.moe import MoEBlock, route
+from stats import percentile
 
 SECTION = "moe_layer"
 FULL = dict(hidden=512, inter=1024, experts=8, top_k=2, tokens=(1, 16, 64, 256, 2048))
@@ -199,9 +193,11 @@ def render(
 ) -> str:
     ours_name = names[0]
     tokens = list(results)
-    title = "One MoE layer on the CPU (`benchmarks/moe_layer.py`)"
+    title = "One MoE layer on the CPU (`benchmarks/speed/moe_layer.py`)"
     lines = [
-        header(title, ["python", "benchmarks/moe_layer.py", *argv], seconds, machine.measure()),
+        header(
+            title, ["python", "-m", "benchmarks.speed.moe_layer", *argv], seconds, machine.measure()
+        ),
         "- Noise: the cores are shared with other workers, so absolute times are noisy; the "
         "ratios come from runs side by side",
         f"- Layer: Mixtral-shaped, hidden {shape['hidden']}, intermediate {shape['inter']}, "

@@ -7,7 +7,7 @@ loop's own measure (`/api/status` `loop.busy_s / loop.steps`: step, output callb
 telemetry publishing), taken over each run. The overhead runs send one burst of
 equal requests, so every run schedules the same steps, in alternating off/on pairs.
 Writes a section of benchmarks/RESULTS.md.
-Run: `python benchmarks/serving.py` (`--quick` for a smoke run).
+Run: `python -m benchmarks.speed.serving` (`--quick` for a smoke run).
 """
 
 from __future__ import annotations
@@ -26,12 +26,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-import machine
-from results_md import add_results_arguments, header, percentiles_cell, publish, results_path
-from server_process import healthy
-from targets import Target
 from websockets.sync.client import connect
 
+from benchmarks.harness import machine
+from benchmarks.harness.results_md import (
+    add_results_arguments,
+    header,
+    percentiles_cell,
+    publish,
+    results_path,
+)
+from benchmarks.harness.server_process import healthy
+from benchmarks.harness.targets import Target
 from cli.loadgen import Arrival, parse_dist, poisson_arrivals, run_load
 from engine.ep.ranks import free_port
 from stats import percentile
@@ -247,9 +253,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def render(args: argparse.Namespace, argv: list[str], out: dict[str, Any], total_s: float) -> str:
-    command = ["python", "benchmarks/serving.py", *argv]
+    command = ["python", "-m", "benchmarks.speed.serving", *argv]
     lines = [
-        header("Online serving (`benchmarks/serving.py`)", command, total_s, machine.measure()),
+        header(
+            "Online serving (`benchmarks/speed/serving.py`)", command, total_s, machine.measure()
+        ),
         f"- Server: `moescope serve --model {args.model} {' '.join(SERVER_ARGS)}` with "
         f"{args.threads} torch thread(s) in a subprocess; the load generator (`cli/loadgen.py`, "
         "open loop, Poisson arrivals, streaming `/v1/completions` with `ignore_eos`, greedy) in "

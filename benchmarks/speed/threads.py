@@ -10,7 +10,7 @@ cores they leave.
 
 Writes its section of benchmarks/RESULTS.md.
 
-    python benchmarks/threads.py            # --quick for a smoke run (writes nothing)
+    python -m benchmarks.speed.threads            # --quick for a smoke run (writes nothing)
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import machine
-from offline_runners import (
+from benchmarks.harness import machine
+from benchmarks.harness.results_md import add_results_arguments, header, publish, results_path
+from benchmarks.harness.targets import Target
+from benchmarks.speed.offline_runners import (
     QUICK_SHAPE,
     SERVE_SHAPE,
     build_checkpoint,
@@ -37,9 +39,6 @@ from offline_runners import (
     progress,
     warm_ours,
 )
-from results_md import add_results_arguments, header, publish, results_path
-from targets import Target
-
 from engine import SamplingParams
 from engine.threads import Threads
 
@@ -142,7 +141,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     lines = [
         header(
             "Engine threads on a shared machine",
-            ["python", "benchmarks/threads.py", *argv],
+            ["python", "-m", "benchmarks.speed.threads", *argv],
             time.perf_counter() - start,
             meas,
         ),

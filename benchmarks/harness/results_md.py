@@ -5,11 +5,10 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from machine import describe
-
+from benchmarks.harness.machine import describe
 from stats import QUANTILES
 
-RESULTS_PATH = Path(__file__).resolve().parent / "RESULTS.md"
+RESULTS_PATH = Path(__file__).resolve().parents[1] / "RESULTS.md"  # benchmarks/RESULTS.md
 
 
 def header(title: str, command: list[str], runtime_s: float | None, machine: dict[str, Any]) -> str:

@@ -1,7 +1,7 @@
 """Where `moescope serve` loses against the same engine offline, on the peer workload.
 
-Each round runs the workload four ways, each in a fresh process: offline (`peer_offline.py`:
-the engine stepped on the main thread), through the engine loop (`peer_offline.py --via
+Each round runs the workload four ways, each in a fresh process: offline (`offline.py`:
+the engine stepped on the main thread), through the engine loop (`offline.py --via
 loop`: the thread `moescope serve` steps on, requests submitted in process, no HTTP), served
 (`moescope serve` and the peer benchmark's HTTP client), and offline again (the A/A control).
 So loop / offline is what the engine thread costs, serve / loop what HTTP and the client
@@ -17,10 +17,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from machine import measure as measure_machine
-from offline_runners import Workload, make_workload
-from offline_throughput import engine_revision
-from peer_llamacpp import (
+from benchmarks.harness import machine
+from benchmarks.harness.results_md import add_results_arguments, header, publish, results_path
+from benchmarks.harness.targets import Target
+from benchmarks.peer.report import workload_line
+from benchmarks.peer.runs import (
     DTYPES,
     OUTPUT_RANGE,
     PROMPT_RANGE,
@@ -34,9 +35,7 @@ from peer_llamacpp import (
     offline_run,
     progress,
 )
-from peer_report import workload_line
-from results_md import add_results_arguments, header, publish, results_path
-from targets import Target
+from benchmarks.speed.offline_runners import Workload, make_workload
 
 ARMS = ("offline", "loop", "serve", "offline A/A")  # each round's order
 TARGETS = {
@@ -86,17 +85,17 @@ def render(
     args: argparse.Namespace, argv: list[str], ctx: OursContext, wl: Workload, out: dict
 ) -> str:
     runs, s = out["runs"], out["summary"]
-    command = ["python", "benchmarks/serve_overhead.py", *argv]
+    command = ["python", "-m", "benchmarks.peer.serve_overhead", *argv]
     lines = [
         header(title(args), command, out["runtime_s"], out["machine"]),
         f"- Model: {args.model or ctx.shape.describe()}, seed {args.seed}; served at "
         f"{args.precision}",
-        f"- moescope: engine {engine_revision()}; `moescope serve --model DIR "
+        f"- moescope: engine {machine.engine_revision()}; `moescope serve --model DIR "
         f"{shlex.join(moescope_args(DTYPES[args.precision], ctx.kv_blocks, ctx.threads))}`",
         f"- {workload_line(wl, args.seed)}",
         f"- Arms, each round in this order, each a fresh process after the machine is quiet: "
-        f"{', '.join(ARMS)}. offline: `peer_offline.py` (the engine `moescope serve` runs, "
-        f"with its flags, stepped on the main thread); loop: `peer_offline.py --via loop` "
+        f"{', '.join(ARMS)}. offline: `offline.py` (the engine `moescope serve` runs, "
+        f"with its flags, stepped on the main thread); loop: `offline.py --via loop` "
         f"(an engine loop on its own thread, as the server's, requests submitted in process); "
         f"serve: `moescope serve` driven by the peer benchmark's client (one async aiohttp "
         f"client in this process; client CPU s is its CPU). s in steps: the engine's time "
@@ -134,7 +133,7 @@ def title(args: argparse.Namespace) -> str:
     shape = ", fine-grained experts" if args.shape == "fine" else ""
     return (
         f"moescope serve against offline, {args.precision}{shape}, {args.threads} thread(s) "
-        "(`benchmarks/serve_overhead.py`)"
+        "(`benchmarks/peer/serve_overhead.py`)"
     )
 
 
@@ -168,9 +167,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ctx = OursContext(
         shape, model, kv_blocks(wl), args.threads, len(wl), args.seed, quiet=not args.quick
     )
-    started, machine = time.perf_counter(), measure_machine()
+    started, measured = time.perf_counter(), machine.measure()
     runs = rounds(ctx, args.precision, wl, args.repeats)
-    out = {"runs": runs, "summary": summarize(runs), "machine": machine}
+    out = {"runs": runs, "summary": summarize(runs), "machine": measured}
     out["runtime_s"] = time.perf_counter() - started
     threads = "" if args.threads == 2 else f"_t{args.threads}"
     section = f"serve_overhead_{args.shape}_{args.precision}{threads}"

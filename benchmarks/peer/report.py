@@ -1,4 +1,4 @@
-"""The Markdown section of `peer_llamacpp.py`: setup, agreement, sweep, every run, medians."""
+"""The Markdown section of `llamacpp.py`: setup, agreement, sweep, every run, medians."""
 
 from __future__ import annotations
 
@@ -6,15 +6,15 @@ import argparse
 import shlex
 from typing import TYPE_CHECKING, Any
 
-import machine
-import peer_build
-from offline_throughput import engine_revision
-from results_md import header
-from targets import Target
+from benchmarks.harness import machine
+from benchmarks.harness.results_md import header
+from benchmarks.harness.targets import Target
+from benchmarks.peer import build as peer_build
+from benchmarks.peer.runs import QUIET_CORES, QUIET_WAIT_S, moescope_args
 
 if TYPE_CHECKING:
-    from offline_runners import Workload
-    from peer_llamacpp import Context, Run
+    from benchmarks.peer.runs import Context, Run
+    from benchmarks.speed.offline_runners import Workload
 
 # issue 17: 1.15x llama.cpp on its model; on fine-grained experts, stay ahead
 PEER_TARGET = {"serve": 1.15, "fine": 1.0}
@@ -34,11 +34,11 @@ def render(
     precision: str,
     res: dict[str, Any],
 ) -> str:
-    command = ["python", "benchmarks/peer_llamacpp.py", *argv]
+    command = ["python", "-m", "benchmarks.peer.llamacpp", *argv]
     experts = "" if args.shape == "serve" else ", fine-grained experts"
     title = (
         f"moescope serve vs llama.cpp llama-server, {precision}{experts} "
-        "(`benchmarks/peer_llamacpp.py`)"
+        "(`benchmarks/peer/llamacpp.py`)"
     )
     peer = Target(
         f"moescope serve / llama-server best, median output tok/s ({precision}{experts})",
@@ -65,8 +65,6 @@ def render(
 def setup(args: argparse.Namespace, ctx: Context, wl: Workload) -> list[str]:
     """The bullets after the header: both engines, how they were built and run, the model,
     the workload and the method."""
-    from peer_llamacpp import QUIET_CORES, QUIET_WAIT_S, moescope_args
-
     src = ctx.source
     dtype = "float32|bfloat16"
     return [
@@ -80,7 +78,7 @@ def setup(args: argparse.Namespace, ctx: Context, wl: Workload) -> list[str]:
         "-fa F -ctk K -ctv K --cache-ram 0` (each slot holds the longest request; K is the "
         "section's precision, so the KV cache is f32 or bf16 like moescope's); N, T, U and F "
         "from the sweep",
-        f"- moescope: engine {engine_revision()}; `moescope serve --model DIR "
+        f"- moescope: engine {machine.engine_revision()}; `moescope serve --model DIR "
         f"{shlex.join(moescope_args(dtype, ctx.kv_blocks, ctx.threads))}` (the KV blocks hold "
         "every request at once; metrics and recording off, as llama-server's metrics are "
         "by default)",
@@ -95,7 +93,7 @@ def setup(args: argparse.Namespace, ctx: Context, wl: Workload) -> list[str]:
         "stopped. Server CPU s is the server process's user + system time over the run. "
         "Rounds alternate llama.cpp, moescope, moescope offline, moescope again (A/A "
         "control). moescope offline is the engine `moescope serve` runs, with its flags, "
-        "driven in process in a fresh process (`benchmarks/peer_offline.py`: every request "
+        "driven in process in a fresh process (`benchmarks/peer/offline.py`: every request "
         "added at once, stepped until done, after the same warm-up); its CPU s is that "
         "process's over the run. The cores are "
         "shared with other workers, so each server starts only once other processes have used "

@@ -2,11 +2,11 @@
 engine and shows on the charts, how fast pages switch and charts redraw, and what open Live
 pages cost the dashboard's server and the engine.
 
-`make demo`'s processes (dashboard_demo.py: synthetic:small with 4 modeled expert-parallel
+`make demo`'s processes (demo.py: synthetic:small with 4 modeled expert-parallel
 ranks, recording; `moescope load` at 3 requests/s; `python -m dashboard` at nice 10) with
 Chromium (1600x1000) driven by Playwright:
 1. Page switch: a Live page's first chart from `goto`; then sidebar clicks Live -> Compare
-   (first server-drawn chart), Compare -> Live (first panel drawn with steps), Live -> Replay
+   (both sessions' first panel), Compare -> Live (first panel drawn with steps), Live -> Replay
    (its Play button) and Play -> the replay's first chart.
 2. Redraw rate: each on-screen panel's redraws per second over `--rate-s`.
 3. Apply: `--clicks` clicks of Apply, max_num_seqs alternating between two values; from the
@@ -17,14 +17,14 @@ Chromium (1600x1000) driven by Playwright:
    Live pages open, each page in its own browser context.
 5. Overhead: mean engine step time (GET /api/status: busy_s / steps) in blocks of
    `--block-s` with no page (twice: an A/A control), with `--pages` Live pages, and with
-   those pages' server traffic alone (page_traffic.py: what the server does for them, with
+   those pages' server traffic alone (traffic.py: what the server does for them, with
    no browser drawing on these cores), rotated over `--rounds`; Chromium at nice 19 here.
    The demo's open-loop load changes the batches from block to block, and with them the
    step time, more than the pages do; so each block's recorded steps are also divided by what
    the twin's cost model (fitted on the session's steps) predicts for their composition,
    and the target is judged on that composition-adjusted ratio.
 Each measure's target is in TARGETS. Writes a section of benchmarks/RESULTS.md.
-Run: `python benchmarks/dashboard_bench.py` (`--quick` for a smoke run, `--no-write` to leave
+Run: `python -m benchmarks.dashboard.bench` (`--quick` for a smoke run, `--no-write` to leave
 RESULTS.md alone).
 """
 
@@ -43,21 +43,17 @@ from typing import Any
 
 from playwright.sync_api import Browser, Page, sync_playwright
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import dashboard_pages as pages  # noqa: E402
-import machine  # noqa: E402
-from dashboard_demo import EP_SIZE, RATE, Demo, step_ms  # noqa: E402
-from page_traffic import PageTraffic  # noqa: E402
-from results_md import add_results_arguments, header, publish, results_path  # noqa: E402
-from targets import Target  # noqa: E402
-
-from cli.demo import MODEL  # noqa: E402
-from dashboard.__main__ import NICE  # noqa: E402
-from stats import percentile  # noqa: E402
-from tuning.twin.cost_model import CostModel, fit, knobs_by_step  # noqa: E402
-from tuning.twin.features import recorded_features  # noqa: E402
+from benchmarks.dashboard import pages
+from benchmarks.dashboard.demo import EP_SIZE, RATE, Demo, step_ms
+from benchmarks.dashboard.traffic import PageTraffic
+from benchmarks.harness import machine
+from benchmarks.harness.results_md import add_results_arguments, header, publish, results_path
+from benchmarks.harness.targets import Target
+from cli.demo import MODEL
+from dashboard.__main__ import NICE
+from stats import percentile
+from tuning.twin.cost_model import CostModel, fit, knobs_by_step
+from tuning.twin.features import recorded_features
 
 SECTION = "dashboard"
 CHROMIUM = "/usr/bin/chromium"
@@ -112,7 +108,7 @@ def switches(page: Page) -> tuple[dict[str, float], list[float]]:
     """Seconds of each sidebar switch from a Live page, and of Play on the Replay page; and
     of the switch back to Live (once the Compare page is drawn in full), until its charts'
     frame started, had plotly.js, had its websocket open and was seen drawn."""
-    out = {"Live -> Compare": pages.switch_page(page, "Compare", pages.SERVER_CHART)[0]}
+    out = {"Live -> Compare": pages.switch_page(page, "Compare", pages.COMPARE_DRAWN)[0]}
     pages.wait_idle(page)
     out["Compare -> Live"], parts = pages.switch_to_live(page)
     out["Live -> Replay"] = pages.switch_page(page, "Replay", pages.REPLAY_READY)[0]
@@ -392,10 +388,13 @@ def measure_rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
 
 def render_section(res: dict[str, Any], argv: list[str], runtime_s: float) -> str:
     ov = res["overhead"]
-    title = "Dashboard in the browser (`benchmarks/dashboard_bench.py`)"
+    title = "Dashboard in the browser (`benchmarks/dashboard/bench.py`)"
     lines = [
         header(
-            title, ["python", "benchmarks/dashboard_bench.py", *argv], runtime_s, machine.measure()
+            title,
+            ["python", "-m", "benchmarks.dashboard.bench", *argv],
+            runtime_s,
+            machine.measure(),
         ),
         f"- Workload: `make demo`'s processes: {MODEL} with {EP_SIZE} modeled expert-parallel "
         f"ranks, recording; `moescope load` at {RATE:g} requests/s (prompts 16-256, outputs "

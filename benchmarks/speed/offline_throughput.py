@@ -15,14 +15,14 @@ fastest run (the machine is shared; other load comes and goes). Every row also r
 process CPU time, a measure that other processes disturb much less than wall time.
 
 Prints a progress line per phase and a Markdown table, and writes a section of
-benchmarks/RESULTS.md. Run: `python benchmarks/offline_throughput.py` (`--quick` for a smoke run).
+benchmarks/RESULTS.md. Run: `python -m benchmarks.speed.offline_throughput` (`--quick` for a
+smoke run).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,9 +30,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import machine
 import torch
-from offline_runners import (
+
+from benchmarks.harness import machine
+from benchmarks.harness.results_md import (
+    add_results_arguments,
+    header,
+    percentiles_cell,
+    publish,
+    results_path,
+)
+from benchmarks.harness.targets import Target
+from benchmarks.speed.offline_runners import (
     FULL_SHAPE,
     QUICK_SHAPE,
     CBConfig,
@@ -50,9 +59,6 @@ from offline_runners import (
     run_hf_cb,
     tune_hf_cb,
 )
-from results_md import add_results_arguments, header, percentiles_cell, publish, results_path
-from targets import Target
-
 from stats import summary
 
 SECTION = "offline_throughput"
@@ -211,25 +217,6 @@ def render_sweep(sweep: list[tuple[CBConfig, float]], n: int) -> str:
     return "\n".join(lines)
 
 
-def engine_revision() -> str:
-    """The engine code that ran: git commit of the imported `engine` package, dirty or not."""
-    import engine
-
-    root = Path(engine.__file__).resolve().parents[1]
-    try:
-        rev = _git(root, "rev-parse", "--short", "HEAD").strip()
-        dirty = _git(root, "status", "--porcelain", "--", "engine", "kernels")
-    except (OSError, subprocess.CalledProcessError):
-        return f"{root} (not a git checkout)"
-    return f"commit {rev}" + (" with uncommitted changes in engine/ or kernels/" if dirty else "")
-
-
-def _git(root: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=root, check=True, capture_output=True, text=True
-    ).stdout
-
-
 def describe_run(args: argparse.Namespace, shape: Shape, wl: Workload) -> list[str]:
     """The bullets after the header: software, engine code, model, workload, definitions."""
     import transformers
@@ -239,7 +226,7 @@ def describe_run(args: argparse.Namespace, shape: Shape, wl: Workload) -> list[s
         "torch intra-op thread(s). The machine is shared (other workers run tests at the same "
         "time), so absolute numbers are noisy; the ratios come from runs side by side in one "
         "process",
-        f"- Engine code: {engine_revision()}",
+        f"- Engine code: {machine.engine_revision()}",
         f"- Model: {shape.describe()}",
         f"- Workload: {len(wl)} requests arriving at once, seed {args.seed}, prompt lengths "
         f"log-uniform {args.prompt_range[0]}..{args.prompt_range[1]} "
@@ -265,10 +252,10 @@ def render_section(
     ours = by_key["ours"]
     ours_runs = [r for k, r in by_key.items() if k in ("ours", "ours_static")]
     forward = ours.extra["dur_s"]["forward"]
-    command = ["python", "benchmarks/offline_throughput.py", *argv]
+    command = ["python", "-m", "benchmarks.speed.offline_throughput", *argv]
     parts = [
         header(
-            "Offline throughput (`benchmarks/offline_throughput.py`)",
+            "Offline throughput (`benchmarks/speed/offline_throughput.py`)",
             command,
             runtime_s,
             machine.measure(),

@@ -1,0 +1,1 @@
+"""The dashboard in a browser, beside `make demo`'s processes (`bench`)."""
