@@ -122,8 +122,3 @@ def delta_rows(a: Record, b: Record) -> list[dict[str, str]]:
             }
         )
     return rows
-
-
-def chart_every(n_steps: int, max_points: int) -> int:
-    """The `every` stride that keeps a session's chart under `max_points` steps."""
-    return max(1, math.ceil(n_steps / max_points))

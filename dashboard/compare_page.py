@@ -1,25 +1,21 @@
-"""The Compare page: two recorded sessions (e.g. an original and its rerun) side by side."""
+"""The Compare page: two recorded sessions (e.g. an original and its rerun) side by side.
+
+The table compares their summaries (dashboard/compare.py); below it, the live-charts
+component draws the same panels for each session, A's column left of B's, over its first
+MAX_CHART_STEPS steps, which the browser reads from the server itself."""
 
 from typing import Any
 
 import streamlit as st
 
-from dashboard import charts
 from dashboard.client import get_requests, get_session, get_steps
 from dashboard.compare import delta_rows, summarize
+from dashboard.live_charts import recorded_charts
 from dashboard.session_picker import recorded_sessions
-from dashboard.window import StepWindow, WindowView
 
 MAX_CHART_STEPS = 3000
+# the component's panels (live_charts_web/panels.js), one a row in each session's column
 CHARTS = ("throughput", "latency", "step_time", "queues", "imbalance", "kv")
-FIGURES = {
-    "throughput": charts.throughput,
-    "latency": charts.latency,
-    "step_time": charts.step_time,
-    "queues": charts.queues,
-    "imbalance": charts.imbalance,
-    "kv": charts.kv_area,
-}
 
 
 def _label(s: dict[str, Any]) -> str:
@@ -30,15 +26,12 @@ def _label(s: dict[str, Any]) -> str:
 @st.cache_data(ttl=5, show_spinner="loading session…")
 def load(
     url: str, session_id: str
-) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]], WindowView]:
-    """The session's summary, its first MAX_CHART_STEPS steps, its requests and the charts'
-    view of those steps."""
-    steps = get_steps(url, session_id, max_steps=MAX_CHART_STEPS)
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The session's summary, its first MAX_CHART_STEPS steps and its requests."""
     return (
         get_session(url, session_id),
-        steps,
+        get_steps(url, session_id, max_steps=MAX_CHART_STEPS),
         get_requests(url, session_id),
-        StepWindow.of(steps),
     )
 
 
@@ -61,8 +54,8 @@ def page() -> None:
         a = st.selectbox("session A", sessions, index=a_idx, format_func=_label, key="cmp_a")
         b = st.selectbox("session B", sessions, index=b_idx, format_func=_label, key="cmp_b")
     try:
-        sess_a, steps_a, reqs_a, view_a = load(url, a["id"])
-        sess_b, steps_b, reqs_b, view_b = load(url, b["id"])
+        sess_a, steps_a, reqs_a = load(url, a["id"])
+        sess_b, steps_b, reqs_b = load(url, b["id"])
     except Exception as exc:  # noqa: BLE001 - shown on the page
         st.error(f"cannot load sessions: {exc}")
         return
@@ -75,13 +68,13 @@ def page() -> None:
                 f"{side}: charts and imbalance show the first {MAX_CHART_STEPS} of "
                 f"{s['steps']} steps"
             )
-    views = {"A": view_a, "B": view_b}
-    for name in CHARTS:
-        cols = st.columns(2)
-        for col, side in zip(cols, views, strict=True):
-            if not len(views[side]):
-                col.info(f"{side}: no steps recorded")
-                continue
-            fig = FIGURES[name](views[side])
-            fig.update_layout(title=f"{side}: {fig.layout.title.text}")
-            col.plotly_chart(fig, key=f"cmp_{name}_{side}")
+    for side, steps in (("A", steps_a), ("B", steps_b)):
+        if not steps:
+            st.info(f"{side}: no steps recorded")
+    recorded_charts(
+        url,
+        [(a["id"], f"A: {a['id']}"), (b["id"], f"B: {b['id']}")],
+        key="cmp_charts",
+        max_steps=MAX_CHART_STEPS,
+        panels=CHARTS,
+    )

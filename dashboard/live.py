@@ -8,7 +8,7 @@ from typing import Any
 
 import streamlit as st
 
-from dashboard import autopilot_panel, charts, reports
+from dashboard import autopilot_panel, reports
 from dashboard.client import (
     LIVE_PATH,
     get_experts,
@@ -19,6 +19,7 @@ from dashboard.client import (
     rebalance_experts,
 )
 from dashboard.live_charts import live_charts
+from dashboard.placement import placement_map
 from dashboard.whatif_view import preview_caption, preview_rows, scorecard_rows
 
 MAX_WINDOW = 600  # steps the browser keeps
@@ -181,7 +182,7 @@ def rebalance_panel(url: str) -> None:
     if info["ep_size"] == 1:
         st.caption("one rank: nothing to place (serve with --ep N or --ep-size N)")
         return
-    st.plotly_chart(charts.placement_map(info), key="placement")
+    st.plotly_chart(placement_map(info), key="placement")
 
 
 def page() -> None:

@@ -1,5 +1,6 @@
-// The panels on the page: one div each, laid out in ROWS, redrawn with Plotly.react from a
-// window view. Only panels on screen are redrawn, one at a time, the most overdue first.
+// The panels on the page: one div each, laid out in ROWS (or the panels named, one a row),
+// redrawn with Plotly.react from a window view. Only panels on screen are redrawn, one at a
+// time, the most overdue first.
 
 import { PANELS, ROWS } from "./panels.js";
 
@@ -13,10 +14,11 @@ export function react(div, { data, layout }) {
 }
 
 export class Charts {
-  constructor(root) {
+  /** Every panel in ROWS, or just those `names`, one a row, in `root` (emptied first). */
+  constructor(root, names = null) {
     this.divs = {};
     this.visible = new Set();
-    this.stale = new Set(Object.keys(PANELS)); // not drawn since the data changed
+    this.stale = new Set(); // not drawn since the data changed
     this.drawnAt = {}; // panel -> when it was last drawn (performance.now())
     const observer = new IntersectionObserver((entries) => {
       for (const entry of entries) {
@@ -25,7 +27,8 @@ export class Charts {
         else this.visible.delete(name);
       }
     });
-    for (const row of ROWS) {
+    root.replaceChildren();
+    for (const row of names ? names.map((name) => [name]) : ROWS) {
       const line = document.createElement("div");
       line.className = `row cols-${row.length}`;
       for (const name of row) {
@@ -36,6 +39,7 @@ export class Charts {
         line.append(div);
         this.divs[name] = div;
         this.drawnAt[name] = -Infinity;
+        this.stale.add(name);
         observer.observe(div);
       }
       root.append(line);
@@ -44,7 +48,7 @@ export class Charts {
 
   /** Marks every panel as out of date (a new view was made). */
   invalidate() {
-    for (const name of Object.keys(PANELS)) this.stale.add(name);
+    for (const name of Object.keys(this.divs)) this.stale.add(name);
   }
 
   /** Redraws from `view` the out-of-date panel on screen that was drawn longest ago; whether

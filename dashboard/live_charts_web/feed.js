@@ -1,6 +1,7 @@
 // What the server's messages mean: a message is one step, a bundle (a JSON array) of steps,
-// an error `{error}` or, on a replay socket, the player's state `{replay}`. Steps go into the
-// window; what cannot be read is skipped and counted, never drawn.
+// an error `{error}` or, on a replay socket, the player's state `{replay}`; a recording's
+// pages (recording.js) bring steps too. Steps go into the window; what cannot be read is
+// skipped and counted, never drawn.
 
 export class Feed {
   constructor(window) {
@@ -33,7 +34,7 @@ export class Feed {
     }
     this.changed = true;
     if (Array.isArray(msg)) {
-      msg.forEach((frame) => this.add(frame));
+      this.steps(msg);
     } else if (msg && typeof msg === "object" && "replay" in msg) {
       this.replay = msg.replay;
       this.seeking = false;
@@ -42,6 +43,12 @@ export class Feed {
     } else {
       this.add(msg);
     }
+  }
+
+  /** Steps: a bundle, or a page of a recording (recording.js). */
+  steps(frames) {
+    this.changed = true;
+    frames.forEach((frame) => this.add(frame));
   }
 
   add(frame) {

@@ -1,5 +1,5 @@
-// Panel layouts: a port of dashboard/figure.py (one panel's traces over a shared step axis,
-// two plots side by side, a right-hand axis, knob-change markers as dashed labelled lines).
+// Panel layouts: one panel's traces over a shared step axis, two plots side by side, a
+// right-hand axis, knob-change markers as dashed labelled lines.
 
 export const HEIGHT = 300;
 const MARKER = "#d62728";

@@ -1,14 +1,16 @@
 // The live-charts component: on the page's render message it opens the websocket named by
-// its arguments and, once plotly.js is there, redraws the panels from its own rolling window
-// a few times a second; below them it draws the reports its arguments name (reports.js),
-// read from the server's HTTP routes. Python sends the arguments once; no frame and no
-// report passes through it.
+// its arguments (or, for recorded sessions, reads each one's steps from the HTTP route named:
+// recording.js, a column of panels each) and, once plotly.js is there, redraws the panels
+// from its own rolling window a few times a second; below them it draws the reports its
+// arguments name (reports.js), read from the server's HTTP routes. Python sends the
+// arguments once; no frame and no report passes through it.
 
 import { Charts } from "./draw.js";
 import { CONNECTED, CONNECTING, Connection } from "./connection.js";
 import { showControls } from "./controls.js";
 import { Feed } from "./feed.js";
 import { followHeight, onRender } from "./protocol.js";
+import { Recording } from "./recording.js";
 import { Reports } from "./reports.js";
 import { showStatus } from "./status.js";
 import { StepWindow } from "./window.js";
@@ -33,25 +35,59 @@ function address(args, feed) {
   return url.toString();
 }
 
-/** One source's connection, window and redraw loop, until `stop`. */
+function element(tag, className, text = "") {
+  const el = document.createElement(tag);
+  el.className = className;
+  el.textContent = text;
+  return el;
+}
+
+/** Where each source is drawn: its status line, controls and panels. One source: the page's
+ * own; recorded sessions (`args.sources`): a column each, side by side, under its title. */
+function places(args) {
+  if (!args.sources) return [{ status: $("status"), controls: $("controls"), panels: $("panels") }];
+  const row = element("div", `row cols-${args.sources.length}`);
+  const out = args.sources.map((_, i) => {
+    const place = {
+      status: element("div", "status"),
+      controls: element("div", "controls"),
+      panels: element("div", "panels"),
+    };
+    const column = element("div", "source");
+    column.append(element("h3", "title", args.titles[i]), ...Object.values(place));
+    row.append(column);
+    return place;
+  });
+  $("panels").replaceChildren(row);
+  return out;
+}
+
+/** One source's connection (or recording), window and redraw loop, until `stop`. */
 class Session {
-  constructor(args, charts) {
-    this.key = JSON.stringify([args.source, args.token, args.nonce]);
+  constructor(args, source, place) {
     this.shown = args.shown;
-    this.charts = charts;
+    this.place = place;
+    this.charts = new Charts(place.panels, args.panels || null);
     this.feed = new Feed(new StepWindow(args.max_steps));
     if (args.replay) this.feed.replay = { state: "playing", speed: args.speed }; // as it starts
     this.state = CONNECTING;
     this.detail = "";
-    this.connection = new Connection(() => address(args, this.feed), {
-      onText: (text) => this.feed.read(text),
-      onState: (state, detail) => {
-        if (state === CONNECTED) performance.mark("connected");
-        [this.state, this.detail] = [state, detail];
-        this.status();
-      },
-    }).start();
-    showControls($("controls"), args, {
+    const onState = (state, detail) => {
+      if (state === CONNECTED) performance.mark("connected");
+      [this.state, this.detail] = [state, detail];
+      this.status();
+    };
+    this.connection = args.recorded
+      ? new Recording(source, args.token, args.max_steps, {
+          onSteps: (steps) => this.feed.steps(steps),
+          onState,
+        })
+      : new Connection(() => address(args, this.feed), {
+          onText: (text) => this.feed.read(text),
+          onState,
+        });
+    this.connection.start();
+    showControls(place.controls, args, {
       onShown: (n) => {
         this.shown = n;
         this.feed.changed = true;
@@ -90,7 +126,7 @@ class Session {
 
   status() {
     const detail = [this.detail, plotlyFailure()].filter((x) => x).join(" · ");
-    showStatus($("status"), this.state, detail, this.feed);
+    showStatus(this.place.status, this.state, detail, this.feed);
   }
 
   stop() {
@@ -100,8 +136,8 @@ class Session {
   }
 }
 
-const charts = new Charts($("panels"));
-let session = null;
+let sessions = [];
+let sessionsKey = null;
 let reports = null;
 let reportsKey = null;
 
@@ -112,10 +148,11 @@ onRender((args) => {
     reports = new Reports($("reports"), args.reports, args.token);
     reportsKey = asked;
   }
-  const key = JSON.stringify([args.source, args.token, args.nonce]);
-  if (session && session.key === key) return;
-  if (session) session.stop();
-  charts.invalidate();
-  session = new Session(args, charts);
+  const sources = args.sources || [args.source];
+  const key = JSON.stringify([sources, args.titles, args.panels, args.token, args.nonce]);
+  if (key === sessionsKey) return;
+  sessions.forEach((s) => s.stop());
+  sessions = places(args).map((place, i) => new Session(args, sources[i], place));
+  sessionsKey = key;
 });
 followHeight();

@@ -1,5 +1,5 @@
-// The Live page's panels, each a function from a WindowView (window.js) to {data, layout}:
-// a port of the panels of dashboard/charts.py, drawn in the browser.
+// The panels of the Live, Replay and Compare pages, each a function from a WindowView
+// (window.js) to {data, layout}, drawn in the browser.
 
 import { figure, secondaryY, sideBySide } from "./figure.js";
 import { blocks, STAGES } from "./window.js";

@@ -1,6 +1,7 @@
-// Rolling statistics updated one step at a time: JavaScript ports of stats.ranked_percentile
-// and dashboard/rolling.py, with the same arithmetic in the same order, so that the browser
-// shows the very numbers the rest of moescope reports (tests/dashboard/test_js_stats.py).
+// Rolling statistics updated one step at a time, each update O(window), not O(steps): a
+// JavaScript port of stats.ranked_percentile, with the same arithmetic in the same order, so
+// that the browser shows the very numbers the rest of moescope reports
+// (tests/dashboard/test_js_window.py).
 
 /** stats.ranked_percentile: the q-th percentile of values sorted ascending (at least one),
  * by linear interpolation between the closest ranks (numpy's default). */

@@ -1,6 +1,6 @@
-// The last steps of a telemetry stream as chart-ready columns, computed as each frame
-// arrives: a port of dashboard/window.py (the same columns, rolling statistics, request
-// colours and knob markers), so that a redraw only slices what is already there.
+// The last steps of a telemetry stream (live, replayed or recorded) as chart-ready columns,
+// computed as each frame arrives (rolling statistics, request colours and knob markers), so
+// that a redraw only slices what is already there.
 
 import { RollingPercentiles, RollingRate, RollingSum } from "./stats.js";
 

@@ -14,7 +14,7 @@ from dashboard.live_charts import PLOTLY, WEB
 
 ORIGIN = "http://moescope.test"
 MODULES = ("stats", "window", "figure", "panels", "feed", "causes", "why_slow", "autopilot")
-MODULES += ("reports",)
+MODULES += ("reports", "recording")
 # a page whose `modules()` gives every module's exports in one object
 BLANK = (
     "<!doctype html><title>js</title><script>window.modules = async () => Object.assign({}, "

@@ -1,5 +1,6 @@
 """End to end: a real server, `python -m dashboard` (streamlit run) and headless Chromium.
-The charts are the live-charts component's, drawn in the browser from the websocket."""
+The charts are the live-charts component's, drawn in the browser from the websocket (Live,
+Replay) or from a recorded session's steps read over HTTP (Compare)."""
 
 import threading
 from collections.abc import Iterator
@@ -10,6 +11,7 @@ import pytest
 from api_servers import Served, traffic, wait_idle
 from browser import (
     CHROMIUM,
+    COMPONENT,
     VIEWPORT,
     WAIT_MS,
     charts,
@@ -20,7 +22,9 @@ from browser import (
 )
 from playwright.sync_api import Frame, expect
 
-from dashboard.client import get_knobs
+from dashboard.client import get_knobs, get_steps, list_sessions
+from dashboard.compare_page import CHARTS, MAX_CHART_STEPS, default_pair
+from server.state import state_of
 
 PANELS = (
     "batch",
@@ -201,3 +205,47 @@ def test_replay_controls_move_the_replay(served: Served, dashboard_url: str) -> 
         assert frame.evaluate(FIRST_DRAWN) == 10  # played on from the step sought
         frame.get_by_label("speed").select_option(label="as fast as possible")
         expect(frame.get_by_text("replay ended")).to_be_visible(timeout=WAIT_MS)
+
+
+# per session's column of the component's frame, per panel: the points of each of its traces
+POINTS = """() => [...document.querySelectorAll('.source')].map((column) => Object.fromEntries(
+    [...column.querySelectorAll('[data-panel]')]
+        .map((d) => [d.dataset.panel, (d.data || []).map((t) => t.x.length)])))"""
+
+
+def test_compare_draws_each_sessions_recorded_steps_in_the_component(
+    served: Served, dashboard_url: str
+) -> None:
+    """The component reads each session's first steps from the server and draws the Compare
+    page's panels in a column a session, every trace a point a step; the server draws no
+    chart."""
+    traffic(served.loop, 4, 32)
+    wait_idle(served.loop)
+    assert state_of(served.server.server.config.app).recorder.flush()
+    sessions = list_sessions(served.url)
+    ids = [sessions[i]["id"] for i in default_pair(sessions)]
+    want = [len(get_steps(served.url, i, max_steps=MAX_CHART_STEPS)) for i in ids]
+    assert all(want)
+    with chromium() as browser:
+        page = browser.new_page(viewport=VIEWPORT)
+        page.goto(dashboard_url + "/compare")
+        handle = page.wait_for_selector(COMPONENT, timeout=WAIT_MS)
+        frame = handle and handle.content_frame()
+        assert frame is not None
+        columns = frame.locator(".source")
+        expect(columns).to_have_count(2, timeout=WAIT_MS)
+        for i, (side, session, steps) in enumerate(zip("AB", ids, want, strict=True)):
+            column = columns.nth(i)
+            expect(column.locator(".title")).to_have_text(f"{side}: {session}")
+            expect(column.locator(".status .state")).to_have_text("loaded", timeout=WAIT_MS)
+            expect(column.get_by_text(f"steps received {steps}")).to_be_visible()
+        drawn = " && ".join(
+            f"Object.values(c[{i}]).every((n) => n.length && n.every((x) => x === {steps}))"
+            for i, steps in enumerate(want)
+        )
+        frame.wait_for_function(
+            f"() => {{ const c = ({POINTS})(); return {drawn}; }}", timeout=WAIT_MS
+        )
+        assert [list(column) for column in frame.evaluate(POINTS)] == [list(CHARTS)] * 2
+        expect(page.locator(COMPONENT)).to_have_count(1)
+        expect(page.locator(SERVER_CHARTS)).to_have_count(0)

@@ -1,5 +1,6 @@
 """The Compare page: pure summary functions, and an AppTest against a server with a rerun."""
 
+import json
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -10,13 +11,8 @@ from api_servers import MODEL, TIMEOUT, Served, serve, stop, traffic, wait_for, 
 from frames import frames
 from streamlit.testing.v1 import AppTest
 
-from dashboard.compare import (
-    chart_every,
-    delta_rows,
-    layer_imbalance,
-    summarize,
-    tpot_ms,
-)
+from dashboard.compare import delta_rows, layer_imbalance, summarize, tpot_ms
+from dashboard.compare_page import CHARTS, MAX_CHART_STEPS
 from server.settings import ServerSettings
 from server.state import state_of
 
@@ -72,10 +68,6 @@ def test_summarize_and_deltas() -> None:
     assert {r["better"] for r in delta_rows(empty, empty)} == {"–", "="}
 
 
-def test_chart_every() -> None:
-    assert chart_every(100, 3000) == 1 and chart_every(6001, 3000) == 3
-
-
 @pytest.fixture(scope="module")
 def with_rerun(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, str, str]]:
     """A recording server, its session after some traffic, and a finished rerun of it."""
@@ -109,6 +101,15 @@ def with_rerun(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Serve
         stop(served)
 
 
+def _charts_args(at: AppTest) -> dict[str, Any]:
+    """The arguments of the page's live-charts component (but its key and default)."""
+    (charts,) = at.get("component_instance")
+    assert charts.proto.component_name.endswith("live_charts")
+    assert charts.proto.id.endswith("-cmp_charts")
+    args = json.loads(charts.proto.json_args)
+    return {k: v for k, v in args.items() if k not in ("key", "default")}
+
+
 def _compare_script() -> None:
     from dashboard import compare_page
 
@@ -116,7 +117,10 @@ def _compare_script() -> None:
 
 
 @pytest.mark.slow
-def test_compare_page_shows_an_original_and_its_rerun(with_rerun: tuple[Served, str, str]) -> None:
+def test_compare_page_shows_an_original_and_its_rerun(
+    with_rerun: tuple[Served, str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MOESCOPE_API_KEY", "sk-browser")  # the browser reads steps with it
     served, original, rerun = with_rerun
     at = AppTest.from_function(_compare_script, default_timeout=TIMEOUT)
     at.session_state["url"] = served.url
@@ -128,7 +132,22 @@ def test_compare_page_shows_an_original_and_its_rerun(with_rerun: tuple[Served, 
     assert list(table["metric"])[0] == "throughput (output tokens/s)"
     reqs = table.set_index("metric").loc["requests"]
     assert reqs["A"] == reqs["B"] == "4"
-    assert len(at.get("plotly_chart")) == 12
+    # the charts are the live-charts component's, a column a session, each reading that
+    # session's recorded steps from the server in the browser; the server draws none
+    assert not at.get("plotly_chart")
+    assert _charts_args(at) == {
+        "sources": [f"{served.url}/api/sessions/{s}/steps" for s in (original, rerun)],
+        "titles": [f"A: {original}", f"B: {rerun}"],
+        "recorded": True,
+        "token": "sk-browser",
+        "max_steps": MAX_CHART_STEPS,
+        "shown": MAX_CHART_STEPS,
+        "reports": [],
+        "panels": list(CHARTS),
+        "replay": False,
+    }
     at.selectbox(key="cmp_b").set_value(at.selectbox(key="cmp_a").value).run()
     assert not at.exception
     assert set(at.dataframe[0].value["better"]) <= {"=", "–"}
+    sources = _charts_args(at)["sources"]
+    assert sources[0] == sources[1] == f"{served.url}/api/sessions/{original}/steps"

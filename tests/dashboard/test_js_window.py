@@ -1,6 +1,6 @@
-"""The live charts' statistics in JavaScript give the project's numbers: the percentile and
-rolling statistics against stats / dashboard.rolling, the window's columns against
-dashboard.window's on the same frames, and the feed's handling of what it cannot read."""
+"""The live charts' statistics in JavaScript give the project's numbers: the percentile
+against stats, the rolling statistics against the same numbers worked out from scratch, the
+window's columns, and the feed's handling of what it cannot read."""
 
 import json
 import math
@@ -12,13 +12,11 @@ from typing import Any
 import numpy as np
 import pytest
 from browser import CHROMIUM
-from frames import frame, frames, old_frame, varied_frames
+from frames import REASONS, autopilot_change, frame, frames, old_frame
 from js_modules import js_page, js_view, run
 from playwright.sync_api import Page
 
-from dashboard.rolling import RollingPercentiles, RollingRate
-from dashboard.window import COLUMNS, StepWindow
-from stats import ranked_percentile
+from stats import percentile, ranked_percentile
 
 pytestmark = [
     pytest.mark.slow,
@@ -56,7 +54,10 @@ ROLLING = """(m, {values, rates, sums}) => {
 }"""
 
 
-def test_rolling_statistics_match_python(page: Page) -> None:
+def test_rolling_statistics_match_a_recount_from_scratch(page: Page) -> None:
+    """Updated a step at a time, each statistic is the one worked out afresh over its window:
+    the percentiles (`stats.percentile`, exactly) of the last 16 values, the rates over the
+    last 3 steps, the sums of the last 3 matrices."""
     rng = random.Random(2)
     values = [
         [rng.choice([1.0, 2.0, rng.uniform(0, 100)]) for _ in range(rng.randint(0, 3))]
@@ -67,35 +68,45 @@ def test_rolling_statistics_match_python(page: Page) -> None:
     ]
     sums = [[[rng.randint(0, 9)] * w for _ in range(2)] for w in [2] * 6 + [3] * 4]
     got = run(page, ROLLING, {"values": values, "rates": rates, "sums": sums})
-    p, r = RollingPercentiles(16), RollingRate(3, 2)
-    np.testing.assert_array_equal(got["percentiles"], [p.add(v) for v in values])
-    np.testing.assert_array_equal(got["rates"], [r.add(t, np.array(c)) for t, c in rates])
+    seen: list[float] = []
+    for new, (p50, p99) in zip(values, got["percentiles"], strict=True):
+        seen += new
+        want = [percentile(seen[-16:], q) for q in (50, 99)]
+        if seen:
+            assert [p50, p99] == want
+        else:
+            assert math.isnan(p50) and math.isnan(p99)
+    for i, ((t, _), rate) in enumerate(zip(rates, got["rates"], strict=True)):
+        # the counts of the steps after the window's first (3 back), over the time since it
+        first = max(0, i - 3)
+        span = t - rates[first][0]
+        counts = np.sum([c for _, c in rates[first + 1 : i + 1]] or [[0, 0]], axis=0)
+        if span <= 0:
+            assert all(math.isnan(x) for x in rate)
+        else:
+            assert rate == pytest.approx(counts / span)
     # the sum of the last 3 matrices, started over when their shape changes (after the 6th)
-    want = [
+    want_sums = [
         sums[max(0, i - 2) : i + 1] if i < 6 else sums[max(6, i - 2) : i + 1] for i in range(10)
     ]
-    assert got["sums"] == [[np.sum(w, axis=0).tolist(), len(w)] for w in want]
+    assert got["sums"] == [[np.sum(w, axis=0).tolist(), len(w)] for w in want_sums]
 
 
-def test_window_matches_the_python_window(page: Page) -> None:
-    """Over varied frames, a bounded window and a restarted server (a new session), each
-    column the Python window has is the same, to the last bit."""
-    steps = varied_frames(150, seed=3)
-    restarted = [{**f, "session": "t"} for f in varied_frames(90, seed=4)]
-    reasons: list[str] = []
-    for maxlen, last in ((50, None), (500, 30)):
-        window = StepWindow(maxlen)
-        for f in steps + restarted:
-            window.add(f)
-        want = window.view(last)
-        got = js_view(page, steps + restarted, maxlen, last)
-        assert got["length"] == len(want)
-        for name in COLUMNS:
-            np.testing.assert_array_equal(got["columns"][name], want.col(name), err_msg=name)
-        np.testing.assert_array_equal(got["imbalance"], want.imbalance)
-        assert [tuple(m) for m in got["markers"]] == want.markers  # reasons included
-        reasons += [m[2] for m in want.markers if m[2]]
-    assert reasons, "the frames hold no reason to compare"
+def test_a_new_session_starts_the_window_over(page: Page) -> None:
+    steps = [frame(1000 + i, {"max_num_seqs": [8, 4]} if i == 5 else None) for i in range(30)]
+    steps += [{**frame(i), "session": "t"} for i in range(3)]
+    got = js_view(page, steps, maxlen=50)
+    assert got["columns"]["step"] == [0, 1, 2] and got["markers"] == []
+    assert got["columns"]["ttft.p50"][-1] == pytest.approx(1.0)  # TTFTs 0, 1, 2 only
+
+
+def test_an_autopilot_marker_keeps_its_reason(page: Page) -> None:
+    steps = frames()
+    steps[20]["knob_changes"] = [autopilot_change(3, {"max_num_seqs": [4, 8]}, REASONS[0])]
+    assert js_view(page, steps)["markers"] == [
+        [10, "v2: max_num_seqs 8→4", None],
+        [20, "v3 autopilot: max_num_seqs 4→8", REASONS[0]],
+    ]
 
 
 def test_columns_hold_each_steps_numbers(page: Page) -> None:
