@@ -24,7 +24,14 @@ from engine.runner import ForwardResult
 from engine.sampling import Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
-from engine.step_telemetry import a2a_info, durations, expert_info, step_telemetry
+from engine.step_telemetry import (
+    EPInfo,
+    StepStats,
+    a2a_info,
+    durations,
+    expert_info,
+    step_telemetry,
+)
 from engine.telemetry import KnobChange, RequestRecord, StepTelemetry
 from engine.threads import ThreadGovernor
 
@@ -224,8 +231,8 @@ class LLMEngine:
 
     @property
     def knob_changes(self) -> list[KnobChange]:
-        """Every applied change, oldest first."""
-        return self.knob_versions.history
+        """The applied changes kept (the newest knob_versions.HISTORY), oldest first."""
+        return list(self.knob_versions.history)
 
     def _validate_knobs(self, values: dict[str, Any]) -> Knobs:
         max_len = self.model_config.max_model_len
@@ -347,21 +354,35 @@ class LLMEngine:
         seconds = [t1 - t0, t2 - t1, t3 - t2, t4 - t3, time.perf_counter() - t0]
         arrived, self._arrived = self._arrived, 0
         telemetry = step_telemetry(
-            self.session,
-            self.applied_knobs_version,
-            self.scheduler,
-            sched,
-            durations(seconds, result.moe_seconds if result else 0.0),
-            finished,
-            applied,
-            arrived,
-            time.time(),
-            expert_info(self.model_config, result),
-            a2a_info(self, result, sched.num_prefill_tokens + sched.num_decode_tokens),
+            StepStats(
+                session=self.session,
+                knobs_version=self.applied_knobs_version,
+                t=time.time(),
+                sched=sched,
+                scheduler=self.scheduler.stats(),
+                arrived=arrived,
+                finished=finished,
+                knob_changes=applied,
+                dur_ms=durations(seconds, result.moe_seconds if result else 0.0),
+                experts=expert_info(self.model_config, result),
+                a2a=a2a_info(
+                    self._ep_info(), result, sched.num_prefill_tokens + sched.num_decode_tokens
+                ),
+            )
         )
         self._since_rebalance += 1
         ended = [r.end_record(r.token_times[-1]) for r in finished]
         return StepResult(outputs, telemetry, ended)
+
+    def _ep_info(self) -> EPInfo:
+        """Made each step: a rebalance replaces the placement."""
+        elem = self.model.embed_tokens.weight.element_size()
+        return EPInfo(
+            placement=self.placement,
+            mode=self.a2a_mode,
+            row_bytes=self.model_config.hidden_size * elem,
+            num_layers=self.model_config.num_layers,
+        )
 
     def _sample_and_update(
         self, sched: SchedulerOutput, result: ForwardResult

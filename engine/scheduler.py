@@ -5,7 +5,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from engine.config import Batching, Knobs
-from engine.kv_cache import BlockManager
+from engine.kv_cache import BlockManager, KVStats
 from engine.request import Request, Status
 from engine.telemetry import BlockReason
 
@@ -47,6 +47,34 @@ class SchedulerOutput:
         return sum(c.num_tokens for c in self.chunks if not c.is_prefill)
 
 
+@dataclass(frozen=True)
+class SchedulerStats:
+    """The scheduler's state at one moment, as a step's record reports it once the step's
+    requests advanced and finished (like vLLM's SchedulerStats): its limits, queue lengths and
+    KV cache."""
+
+    max_slots: int
+    token_budget: int
+    waiting: int
+    running: int
+    swapped: int
+    kv: KVStats
+    kv_tokens: int  # token slots filled in used blocks
+    watermark_blocks: int  # the kv_watermark knob in blocks
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """Whether a waiting request can be admitted now: `blocked` names what keeps it waiting;
+    when None, it runs `tokens` prefill tokens now, takes `cost` blocks and reuses the
+    prefix-cache blocks `matched`."""
+
+    blocked: BlockReason | None
+    tokens: int = 0
+    cost: int = 0
+    matched: list[int] = field(default_factory=list)
+
+
 class Scheduler:
     """Holds the waiting, running and swapped queues and forms one batch per step."""
 
@@ -86,6 +114,25 @@ class Scheduler:
     @property
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running) + len(self.swapped)
+
+    def stats(self) -> SchedulerStats:
+        kv = self.blocks.stats()
+        return SchedulerStats(
+            max_slots=self.knobs.max_num_seqs,
+            token_budget=self.knobs.max_num_batched_tokens,
+            waiting=len(self.waiting),
+            running=len(self.running),
+            swapped=len(self.swapped),
+            kv=kv,
+            kv_tokens=self._filled_kv_tokens(),
+            watermark_blocks=int(self.knobs.kv_watermark * kv.usable),
+        )
+
+    def _filled_kv_tokens(self) -> int:
+        """Token slots filled in used blocks; shared prefix blocks are full and count once."""
+        bs = self.blocks.block_size
+        partial = [r.num_computed_tokens % bs for r in self.running if r.num_computed_tokens % bs]
+        return (self.blocks.num_used - len(partial)) * bs + sum(partial)
 
     def _chunk_len(self, req: Request, budget: int) -> int:
         if not req.in_prefill:
@@ -215,41 +262,36 @@ class Scheduler:
         reserved = 0
         for req in self._waiting_order():
             admission = self._admit(req, budget, reserved, static)
-            if isinstance(admission, str):
-                self._blocked(out, admission, req)
+            if admission.blocked is not None:
+                self._blocked(out, admission.blocked, req)
                 return
-            n, cost, matched = admission
             before = self.blocks.num_allocatable
             self.waiting.remove(req)
-            self.blocks.admit(req, matched)
+            self.blocks.admit(req, admission.matched)
             self._run(req)
             self._ahead(out, req)
-            if n:
-                self._add_chunk(req, n, out)
-                budget -= n
+            if admission.tokens:
+                self._add_chunk(req, admission.tokens, out)
+                budget -= admission.tokens
             if static:
-                reserved += cost - (before - self.blocks.num_allocatable)
+                reserved += admission.cost - (before - self.blocks.num_allocatable)
 
-    def _admit(
-        self, req: Request, budget: int, reserved: int, static: bool
-    ) -> tuple[int, int, list[int]] | BlockReason:
-        """(prefill tokens to run now, blocks it takes, its prefix-cache hits) if `req` can be
-        admitted, else what blocks it."""
+    def _admit(self, req: Request, budget: int, reserved: int, static: bool) -> Admission:
         if len(self.running) >= self.knobs.max_num_seqs:
-            return "slots"
+            return Admission("slots")
         matched = self.blocks.prefix_match(req)
         hit_tokens = len(matched) * self.blocks.block_size
         n = self._prefill_len(req.num_tokens - hit_tokens, budget)
         if n == 0 and not static:
-            return "budget"
+            return Admission("budget")
         cost = len(matched) - self.blocks.hit_blocks_in_use(matched)
         if static:
             cost += self.blocks.blocks_for(req.num_tokens) - len(matched)
         else:
             cost += self.blocks.blocks_for(hit_tokens + n) - len(matched)
         if reserved + cost > self.blocks.num_allocatable - self._watermark():
-            return "kv"
-        return n, cost, matched
+            return Admission("kv")
+        return Admission(None, n, cost, matched)
 
     def _run(self, req: Request) -> None:
         req.status = Status.RUNNING

@@ -1,14 +1,16 @@
-"""Builds a step's StepTelemetry from what the step did; reads engine state, changes nothing."""
+"""Builds a step's StepTelemetry from a typed account of what the step did (`StepStats`), which
+the engine, or the twin for a simulated step, makes; reads no engine state."""
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from engine.config import ModelConfig
-from engine.ep.placement import a2a_bytes, gather_bytes, imbalance
+from engine.ep.placement import Placement, a2a_bytes, gather_bytes, imbalance
 from engine.request import Request
 from engine.runner import ForwardResult
-from engine.scheduler import Scheduler, SchedulerOutput
+from engine.scheduler import SchedulerOutput, SchedulerStats
 from engine.telemetry import (
     A2AInfo,
     BatchInfo,
@@ -24,34 +26,46 @@ from engine.telemetry import (
 )
 from stats import tpot
 
-if TYPE_CHECKING:
-    from engine.engine import LLMEngine
+
+@dataclass(frozen=True)
+class StepStats:
+    """Everything one step's record is made of."""
+
+    session: str
+    knobs_version: int  # the knobs the step ran under
+    t: float  # unix seconds (the twin's: its simulated clock)
+    sched: SchedulerOutput  # what the step ran
+    scheduler: SchedulerStats  # queues and cache once the step's requests advanced
+    arrived: int  # requests queued since the step before
+    finished: list[Request]
+    knob_changes: list[KnobChange]  # applied at this step's boundary
+    dur_ms: Durations
+    experts: ExpertInfo
+    a2a: A2AInfo
 
 
-def step_telemetry(
-    session: str,
-    knobs_version: int,
-    scheduler: Scheduler,
-    sched: SchedulerOutput,
-    dur_ms: Durations,
-    finished: list[Request],
-    applied: list[KnobChange],
-    arrived: int,
-    t: float,
-    experts: ExpertInfo,
-    a2a: A2AInfo,
-) -> StepTelemetry:
+@dataclass(frozen=True)
+class EPInfo:
+    """What a step's all-to-all figures are worked out from, besides its forward result."""
+
+    placement: Placement
+    mode: Literal["measured", "modeled"]
+    row_bytes: int  # one token row in the all-to-all: hidden size x element size
+    num_layers: int
+
+
+def step_telemetry(step: StepStats) -> StepTelemetry:
     """The record of one step (the engine's, or the twin's on its simulated clock)."""
-    knobs = scheduler.knobs
+    sched, stats, finished = step.sched, step.scheduler, step.finished
     return StepTelemetry(
-        session=session,
+        session=step.session,
         step=sched.step,
-        t=t,
-        knobs_version=knobs_version,
-        dur_ms=dur_ms,
+        t=step.t,
+        knobs_version=step.knobs_version,
+        dur_ms=step.dur_ms,
         batch=BatchInfo(
-            max_slots=knobs.max_num_seqs,
-            token_budget=knobs.max_num_batched_tokens,
+            max_slots=stats.max_slots,
+            token_budget=stats.token_budget,
             num_prefill_tokens=sched.num_prefill_tokens,
             num_decode_tokens=sched.num_decode_tokens,
             slots=[
@@ -66,23 +80,23 @@ def step_telemetry(
             ],
         ),
         queue=QueueInfo(
-            waiting=len(scheduler.waiting),
-            running=len(scheduler.running),
-            swapped=len(scheduler.swapped),
-            arrived=arrived,
+            waiting=stats.waiting,
+            running=stats.running,
+            swapped=stats.swapped,
+            arrived=step.arrived,
             finished=len(finished),
             preempted=len(sched.preempted),
         ),
-        kv=kv_info(scheduler),
-        experts=experts,
-        a2a=a2a,
+        kv=kv_info(stats),
+        experts=step.experts,
+        a2a=step.a2a,
         latency=LatencyInfo(
             ttft_ms=[round(r.ttft_s * 1000, 3) for r in finished if r.ttft_s is not None],
             tpot_ms=[
                 round(tp * 1000, 3) for r in finished if (tp := tpot(r.token_times)) is not None
             ],
         ),
-        knob_changes=applied,
+        knob_changes=step.knob_changes,
         sched=SchedInfo(
             blocked=sched.blocked,
             ahead_arrival=sched.ahead_arrival,
@@ -104,8 +118,8 @@ def durations(seconds: list[float], moe_s: float) -> Durations:
     )
 
 
-def kv_info(scheduler: Scheduler) -> KVInfo:
-    s = scheduler.blocks.stats()
+def kv_info(stats: SchedulerStats) -> KVInfo:
+    s = stats.kv
     return KVInfo(
         block_size=s.block_size,
         total=s.total,
@@ -113,20 +127,12 @@ def kv_info(scheduler: Scheduler) -> KVInfo:
         used=s.used,
         cached=s.cached,
         free=s.free,
-        tokens=filled_kv_tokens(scheduler),
-        watermark_blocks=int(scheduler.knobs.kv_watermark * s.usable),
+        tokens=stats.kv_tokens,
+        watermark_blocks=stats.watermark_blocks,
         host_total=s.host_total,
         host_used=s.host_used,
         prefix_hit_rate=s.prefix_hit_rate,
     )
-
-
-def filled_kv_tokens(scheduler: Scheduler) -> int:
-    """Token slots filled in used blocks; shared prefix blocks are full and count once."""
-    blocks = scheduler.blocks
-    bs = blocks.block_size
-    partial = [r.num_computed_tokens % bs for r in scheduler.running if r.num_computed_tokens % bs]
-    return (blocks.num_used - len(partial)) * bs + sum(partial)
 
 
 def expert_info(cfg: ModelConfig, result: ForwardResult | None) -> ExpertInfo:
@@ -153,30 +159,29 @@ def expert_counts_info(counts: torch.Tensor, dropped: list[int], top_k: int) -> 
     )
 
 
-def a2a_info(eng: "LLMEngine", result: ForwardResult | None, rows: int) -> A2AInfo:
-    placement = eng.placement
-    ep = placement.ep_size
+def a2a_info(ep: EPInfo, result: ForwardResult | None, rows: int) -> A2AInfo:
+    """The step's all-to-all figures: measured by the ranks, else modeled from the placement
+    for its `rows` token rows; all zero when nothing ran."""
+    size = ep.placement.ep_size
     moe_ms: list[float] = []
     if result is None:
-        volume = gathered = [[0] * ep for _ in range(ep)]
-        per_layer = torch.zeros(eng.model_config.num_layers, ep, dtype=torch.long)
+        volume = gathered = [[0] * size for _ in range(size)]
+        per_layer = torch.zeros(ep.num_layers, size, dtype=torch.long)
     elif result.measured is not None:
         volume, per_layer = result.measured.bytes, result.measured.computed
         gathered, moe_ms = result.measured.gather_bytes, result.measured.compute_ms
     else:
         assert result.rank_pairs is not None
-        elem = eng.model.embed_tokens.weight.element_size()
-        row_bytes = eng.model_config.hidden_size * elem
-        volume = a2a_bytes(result.rank_pairs, row_bytes)
+        volume = a2a_bytes(result.rank_pairs, ep.row_bytes)
         per_layer = result.rank_pairs.sum(1)
-        gathered = gather_bytes(ep, rows, per_layer.shape[0], row_bytes)
+        gathered = gather_bytes(size, rows, per_layer.shape[0], ep.row_bytes)
     return A2AInfo(
-        ep_size=ep,
-        mode=eng.a2a_mode,
+        ep_size=size,
+        mode=ep.mode,
         bytes=volume,
         gather_bytes=gathered,
         rank_tokens=per_layer.sum(0).tolist(),
         rank_moe_ms=moe_ms,
         imbalance=imbalance(per_layer),
-        placement_version=placement.version,
+        placement_version=ep.placement.version,
     )

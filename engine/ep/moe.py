@@ -7,7 +7,7 @@ to their rows with the router weights.
 """
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -18,14 +18,27 @@ from kernels import moe_experts
 
 if TYPE_CHECKING:
     from engine.ep.group import EPGroup
-    from engine.model.moe import MoEBlock
+
+
+class HostedExperts(Protocol):
+    """What dispatch needs of an MoE layer (the model's MoEBlock): named here, so that the
+    model imports this module and not the other way round."""
+
+    @property
+    def num_experts(self) -> int: ...  # routed experts of the layer, over every rank
+
+    @property
+    def w_gate_up(self) -> torch.Tensor: ...  # [hosted, H, 2I]: this rank's experts only
+
+    @property
+    def w_down(self) -> torch.Tensor: ...  # [hosted, I, H]
 
 
 def ep_experts(
     x: torch.Tensor,
     weights: torch.Tensor,
     experts: torch.Tensor,
-    block: "MoEBlock",
+    block: HostedExperts,
     layer: LayerPlacement,
     first_row: int,
     capacity: int | None,
@@ -75,7 +88,9 @@ def _within_capacity(
     return keep.nonzero().squeeze(1)
 
 
-def _local_experts(received: torch.Tensor, counts: torch.Tensor, block: "MoEBlock") -> torch.Tensor:
+def _local_experts(
+    received: torch.Tensor, counts: torch.Tensor, block: HostedExperts
+) -> torch.Tensor:
     """This rank's experts over the rows it received ([sources, local experts] counts), in order."""
     sources, num_local = counts.shape
     local_ids = torch.arange(num_local, device=received.device).repeat(sources)

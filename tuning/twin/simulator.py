@@ -22,7 +22,7 @@ from engine.kv_cache import BlockManager
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
-from engine.step_telemetry import expert_counts_info, step_telemetry
+from engine.step_telemetry import StepStats, expert_counts_info, step_telemetry
 from engine.telemetry import A2AInfo, Durations, RequestRecord, StepTelemetry
 from tuning.twin.experts import ExpertDraw
 from tuning.twin.features import batch_features, capacity, kept, moe_features
@@ -301,15 +301,19 @@ class _Sim:
         )
         ms = round(step_ms, 3)
         return step_telemetry(
-            "twin",
-            1,
-            self.scheduler,
-            out,
-            Durations(schedule=0.0, prepare=0.0, forward=ms, moe=0.0, sample=0.0, total=ms),
-            finished,
-            [],
-            arrived,
-            self.t0 + self.clock,
-            expert_counts_info(torch.from_numpy(counts), dropped, self.experts.top_k),
-            a2a,
+            StepStats(
+                session="twin",
+                knobs_version=1,
+                t=self.t0 + self.clock,
+                sched=out,
+                scheduler=self.scheduler.stats(),
+                arrived=arrived,
+                finished=finished,
+                knob_changes=[],
+                dur_ms=Durations(
+                    schedule=0.0, prepare=0.0, forward=ms, moe=0.0, sample=0.0, total=ms
+                ),
+                experts=expert_counts_info(torch.from_numpy(counts), dropped, self.experts.top_k),
+                a2a=a2a,
+            )
         )
