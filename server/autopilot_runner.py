@@ -35,7 +35,7 @@ from tuning.twin.tune import Trial, evaluate
 from tuning.twin.whatif import Twin
 
 # the twin's thread yields the cores to the engine; at 19 it waited tens of seconds for its
-# first look whenever the engine's threads and another process kept both cores busy
+# first check whenever the engine's threads and another process kept both cores busy
 NICE = 10
 
 # the origin of the SLO autopilot's own changes (server.autopilot_runner): a person's change
@@ -105,7 +105,7 @@ class AutopilotRunner:
             self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def tick(self) -> Decision | None:
-        """One look: the decision applied (or refused), or None when it held. Its reads on
+        """One tick: the decision applied (or refused), or None when it held. Its reads on
         the event loop and the engine thread count in `cpu_s` too."""
         cpu0 = time.thread_time()
         self.window.drain()
@@ -145,8 +145,8 @@ class AutopilotRunner:
             s = self.settings
             young = arrival_window(snapshot.t - started_t)
 
-            @functools.cache  # once a look, and only on a tick that asks the twin
-            def look(window: float, least: int) -> bytes:
+            @functools.cache  # once a check, and only on a tick that asks the twin
+            def check_inputs(window: float, least: int) -> bytes:
                 # pickled here, so that this thread's CPU time counts it: the pool's feeder
                 # thread would do it unseen, on the server's GIL all the same
                 inputs = (stacked(*routed), stack(rows), view.records, snapshot, window, least)
@@ -158,8 +158,8 @@ class AutopilotRunner:
                 errors: float = 0.0,
                 min_requests: int = 0,
             ) -> list[Trial]:
-                payload = look(min(window_s, young), min_requests)
-                future = self._analysis.submit(live_trials, payload, changes, errors)
+                inputs = check_inputs(min(window_s, young), min_requests)
+                future = self._analysis.submit(live_trials, inputs, changes, errors)
                 trials, cpu_s = future.result()
                 self.cpu_s += cpu_s
                 return trials
@@ -205,8 +205,8 @@ class AutopilotRunner:
     async def _apply(self, decision: Decision) -> None:
         latest = self.engine_loop.knobs.model_dump()
         if any(latest[k] != old for k, (old, _) in decision.changes.items()):
-            with self._lock:  # someone changed them since the twin looked: theirs stands
-                self.pilot.pending = None
+            with self._lock:  # someone changed them since the twin checked: theirs stands
+                self.pilot.dropped()
             return
         future = self.engine_loop.update_knobs(
             decision.knob_values(), AUTOPILOT_ORIGIN, decision.reason
@@ -222,26 +222,26 @@ class AutopilotRunner:
 
 
 def live_trials(
-    look: bytes, changes: list[dict[str, Any]], errors: float
+    inputs: bytes, changes: list[dict[str, Any]], errors: float
 ) -> tuple[list[Trial], float]:
     """In the analysis process: the live twin's trial of each of `changes`, its steps `errors`
     held-out errors longer than its fit, and the CPU seconds they took, unpickling included.
-    `look` holds the pickled inputs of the autopilot's look (`_look_twin`)."""
+    `inputs` holds the pickled inputs of the autopilot's check (`_check_twin`)."""
     cpu0 = time.process_time()
-    twin, horizon_s, slo = _look_twin(look)
+    twin, horizon_s, slo = _check_twin(inputs)
     tried = replace(twin, model=twin.model.off_by(errors))
     trials = [evaluate(tried, c, slo, horizon_s) for c in changes]
     return trials, time.process_time() - cpu0
 
 
 @functools.lru_cache(maxsize=1)
-def _look_twin(look: bytes) -> tuple[Twin, float, SLO]:
-    """The twin of one look (`look`: the pickled engine description, settings, routing, cost
-    model rows, ended records, queue snapshot, arrivals window and least requests), its
-    horizon and the targets. Kept for the look's later asks (its candidates, then its doubt):
-    they fit no model again, and find the expert loads drawn for step sizes seen (the draws
-    are seeded by size, so a twin kept gives what a new one would)."""
-    config, settings, routing, rows, records, snapshot, window_s, least = pickle.loads(look)
+def _check_twin(inputs: bytes) -> tuple[Twin, float, SLO]:
+    """The twin of one check (`inputs`: the pickled engine description, settings, routing,
+    cost model rows, ended records, queue snapshot, arrivals window and least requests), its
+    horizon and the targets. Kept for the check's later runs (its candidates, then the runs
+    under the twin's error): they fit no model again, and find the expert loads drawn for step
+    sizes seen (the draws are seeded by size, so a twin kept gives what a new one would)."""
+    config, settings, routing, rows, records, snapshot, window_s, least = pickle.loads(inputs)
     horizon_s = stretched_horizon(
         snapshot.requests, records, snapshot.t, window_s, settings.horizon_s, least
     )

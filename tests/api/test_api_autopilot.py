@@ -1,7 +1,7 @@
 """The SLO autopilot on a real server: its settings over HTTP with their 422s, waiting for
 steps, moving max_num_seqs up for requests queueing for a slot (with its reason in the knob
 history), pausing for a person's change, and applying a decision: not over knobs changed
-since the twin looked, and going on after the engine refuses it."""
+since the twin checked them, and going on after the engine refuses it."""
 
 import threading
 from collections.abc import Iterator
@@ -15,7 +15,7 @@ from api_servers import Served, serve, stop, traffic, wait_for, wait_idle
 from server.autopilot_runner import AutopilotRunner
 from server.settings import ServerSettings
 from server.state import state_of
-from tuning.autopilot.pilot import MEASURED_TOO_FEW, Decision, Measured, Pending
+from tuning.autopilot.pilot import MEASURED_TOO_FEW, ChangeOnTrial, Decision, Measured
 
 ADMIN = "admin-secret"
 
@@ -144,20 +144,20 @@ def test_queueing_for_the_slot_moves_max_num_seqs_up_with_its_reason(one_slot: S
 def decides_once(
     served: Served, monkeypatch: pytest.MonkeyPatch, changes: dict[str, list[Any]]
 ) -> list[int]:
-    """Makes the runner's next look decide `changes` (as the pilot would after asking the
-    twin, its change pending), then look as before; the list gets the runner's tick count at
-    that look: once it has grown past that, the decision has been applied or refused."""
+    """Makes the runner's next tick decide `changes` (as the pilot would after asking the
+    twin, its change on trial), then tick as before; the list gets the runner's tick count at
+    that tick: once it has grown past that, the decision has been applied or refused."""
     runner: AutopilotRunner = state_of(served.app).autopilot
-    look = runner._decide
+    decide = runner._decide
     seen: list[int] = []
 
     def once(*args: Any) -> Decision | None:
         if seen:
-            return look(*args)
+            return decide(*args)
         decision = Decision(args[3].t, "change", "the twin predicts better", changes)
         move = tuple((knob, 1) for knob in changes)
         with runner._lock:
-            runner.pilot.pending = Pending(
+            runner.pilot.change_on_trial = ChangeOnTrial(
                 decision.t, decision, Measured(10, None, None, 0.5), move, None
             )
         seen.append(runner.ticks)
@@ -171,17 +171,17 @@ def enable(served: Served) -> None:
     assert put(served, {"enabled": True, "interval_s": 0.2}).status_code == 200
 
 
-def test_knobs_changed_since_the_twin_looked_stand(
+def test_knobs_changed_since_the_twin_checked_them_stand(
     one_slot: Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The twin looked at two slots; one is in force now (a person's change came meanwhile):
+    """The twin checked two slots; one is in force now (a person's change came meanwhile):
     the decision is dropped, not applied over it."""
     runner: AutopilotRunner = state_of(one_slot.app).autopilot
     seen = decides_once(one_slot, monkeypatch, {"max_num_seqs": [2, 4]})
     enable(one_slot)
-    wait_for(lambda: seen and runner.ticks > seen[0], what="the look after the decision")
+    wait_for(lambda: seen and runner.ticks > seen[0], what="the tick after the decision")
     assert one_slot.loop.knobs.max_num_seqs == 1
-    assert runner.pilot.pending is None
+    assert runner.pilot.change_on_trial is None
     assert status(one_slot)["decisions"] == []
 
 
@@ -190,7 +190,7 @@ def test_a_change_the_engine_refuses_is_recorded_and_it_keeps_ticking(
 ) -> None:
     """512 slots with a budget of 256 tokens a step, as a decision made before a person
     lowered the budget would meet: the engine refuses it, the refusal shows among the
-    decisions, and the autopilot goes on looking."""
+    decisions, and the autopilot goes on checking."""
     runner: AutopilotRunner = state_of(one_slot.app).autopilot
     seen = decides_once(one_slot, monkeypatch, {"max_num_seqs": [1, 512]})
     enable(one_slot)
@@ -199,10 +199,10 @@ def test_a_change_the_engine_refuses_is_recorded_and_it_keeps_ticking(
     assert refused["changes"] == {"max_num_seqs": [1, 512]} and refused["version"] is None
     assert "max_num_batched_tokens" in refused["refused"]
     assert one_slot.loop.knobs.max_num_seqs == 1
-    assert runner.pilot.pending is None
-    # later looks: measured afresh (nothing ran), not stuck on the refusal
-    wait_for(lambda: runner.ticks > seen[0] + 1, what="looks after the refusal")
-    wait_for(lambda: status(one_slot)["note"] == MEASURED_TOO_FEW, what="a look's own note")
+    assert runner.pilot.change_on_trial is None
+    # later ticks: measured afresh (nothing ran), not stuck on the refusal
+    wait_for(lambda: runner.ticks > seen[0] + 1, what="ticks after the refusal")
+    wait_for(lambda: status(one_slot)["note"] == MEASURED_TOO_FEW, what="a check's own note")
 
 
 def test_a_persons_change_cannot_pose_as_the_autopilots(one_slot: Served) -> None:

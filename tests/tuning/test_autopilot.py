@@ -21,7 +21,8 @@ from tuning.autopilot.pilot import (
     Autopilot,
     Decision,
     Evaluate,
-    ceiling,
+    Phase,
+    max_improvable_score,
 )
 from tuning.autopilot.settings import AutopilotSettings, parse_targets
 from tuning.twin.simulator import simulate
@@ -54,7 +55,8 @@ class Load:
         def run(
             changes: list[dict[str, Any]], window_s: float, errors: float = 0.0, *_: Any
         ) -> list[Trial]:
-            twin = replace(self.twin, model=self.cost.times(1 + errors * ERROR))
+            longer = self.cost.times(1 + errors * ERROR)
+            twin = replace(self.twin, model=longer)  # type: ignore[arg-type]
             return [evaluate(twin, c, settings.slo) for c in changes]
 
         return run
@@ -147,7 +149,7 @@ def test_met_targets_hold() -> None:
     load = Load(steady(5, 2, 32, 8), Cost(5.0))
     pilot = Autopilot(settings(ttft_p90_ms=1000, tpot_p90_ms=100))
     assert load.tick(pilot) is None
-    assert pilot.state == "holding"
+    assert pilot.phase is Phase.HOLDING
     (measured,) = pilot.status()["history"]
     assert measured["requests"] == 10 and measured["attainment"] == 1.0
 
@@ -183,7 +185,7 @@ def test_knobs_that_leave_no_room_are_the_only_ones_simulated() -> None:
             )
 
 
-def test_a_look_that_measures_targets_met_and_room_for_no_gain_skips_the_twin() -> None:
+def test_a_check_that_measures_targets_met_and_room_for_no_gain_skips_the_twin() -> None:
     """Every target met and 90% attaining leaves room for a gain, so the twin is asked; 100%
     attaining leaves none, unless goodput counts or the pilot still waits for its twin."""
     met = [record(95 + 0.4 * i, 100.0) for i in range(10)]
@@ -195,24 +197,24 @@ def test_a_look_that_measures_targets_met_and_room_for_no_gain_skips_the_twin() 
         return fixed(1.0, 1.0)(changes, window_s)
 
     s = settings(ttft_p90_ms=1000, tpot_p90_ms=500)
-    for records, other, state, looked in (
-        (some, {}, "holding", True),
-        (met, {}, "holding", False),
-        (met, {"goodput_weight": 0.5}, "holding", True),
-        (met, {}, "waiting", True),
+    for records, other, phase, asks in (
+        (some, {}, Phase.HOLDING, True),
+        (met, {}, Phase.HOLDING, False),
+        (met, {"goodput_weight": 0.5}, Phase.HOLDING, True),
+        (met, {}, Phase.WAITING, True),
     ):
         asked.clear()
         pilot = Autopilot(s.model_copy(update=other))
-        pilot.state = state
+        pilot.phase = phase
         assert pilot.tick(100.0, Knobs(), records, no_attribution, twin) is None
-        assert bool(asked) is looked
+        assert bool(asked) is asks
     pilot = Autopilot(s)
-    pilot.state = "holding"
+    pilot.phase = Phase.HOLDING
     pilot.tick(100.0, Knobs(), met, no_attribution, twin)
     assert pilot.note == (
         "targets met, 100% of 10 requests attaining: no candidate can gain 0.05 in score"
     )
-    assert pilot.fruitless_looks == 1 and pilot.last_look_t == 100.0
+    assert pilot.checks_without_change == 1 and pilot.last_check_t == 100.0
 
 
 def no_attribution() -> None:
@@ -245,16 +247,16 @@ def test_a_queue_past_the_ttft_target_is_a_miss_before_its_requests_end() -> Non
     than the target: the pilot counts those five as misses at once and acts on them."""
     pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50))
     waiting = [98.0, 98.5, 99.0, 99.2, 99.4, 99.7, 99.9]  # waits 2000 ... 100 ms at t=100
-    looked: list[dict[str, Any]] = []
+    asked_for: list[dict[str, Any]] = []
 
     def twin(changes: list[dict[str, Any]], window_s: float, *_: Any) -> list[Trial]:
-        looked.extend(changes)
+        asked_for.extend(changes)
         return fixed(0.0, 0.9)(changes, window_s)
 
     assert pilot.tick(100.0, Knobs(), [], no_attribution, twin, waiting[:4]) is None
-    assert pilot.note == MEASURED_TOO_FEW and not looked
+    assert pilot.note == MEASURED_TOO_FEW and not asked_for
     decision = pilot.tick(100.0, Knobs(), [], no_attribution, twin, waiting)
-    assert looked and decision is not None and decision.action == "change"
+    assert asked_for and decision is not None and decision.action == "change"
     now = pilot.history[-1][1]
     assert (now.requests, now.attainment) == (5, 0.0)  # the two under 500 ms are not yet known
     assert now.ttft_p90_ms is not None and now.ttft_p90_ms > 1000
@@ -310,13 +312,14 @@ def test_a_gain_that_the_twins_error_could_undo_waits() -> None:
     def tick(evaluate: Evaluate) -> Decision | None:
         pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50))
         decision = pilot.tick(100.0, Knobs(), misses, no_attribution, evaluate)
-        assert decision is not None or pilot.state == "holding"
+        assert decision is not None or pilot.phase is Phase.HOLDING
         notes.append(pilot.note)
         return decision
 
     notes: list[str] = []
     assert tick(gives(0.3)) is None
-    assert asked == [0.0, 0.0, -1.0, 1.0]  # the knobs as they are, the candidates, the doubt
+    # the knobs as they are, the candidates, the runs under the twin's error
+    assert asked == [0.0, 0.0, -1.0, 1.0]
     assert notes[-1].endswith(
         "is predicted to gain +0.500 in score, but -0.100 with the twin's steps one "
         "held-out error longer: within its error"
@@ -337,7 +340,7 @@ def test_a_change_that_makes_attainment_worse_is_rolled_back_and_backed_off() ->
     decision = pilot.tick(100.0, knobs, before, no_attribution, fixed(0.5, 0.9))
     assert decision is not None and decision.action == "change"
     pilot.applied(decision, version=7)
-    assert pilot.state == "adjusting"
+    assert pilot.phase is Phase.ADJUSTING
     worse = before + [record(101 + 0.3 * i, 900.0) for i in range(10)]
     assert (
         pilot.tick(103.0, knobs, worse, no_attribution, fixed(0.5, 0.9)) is None
@@ -349,13 +352,13 @@ def test_a_change_that_makes_attainment_worse_is_rolled_back_and_backed_off() ->
     assert undo.reason.startswith(
         "rolled back: SLO attainment 0% of 10 requests after the change, 50% before"
     )
-    assert pilot.state == "rolled back"
+    assert pilot.phase is Phase.ROLLED_BACK
     pilot.applied(undo, version=8)
     # backed off: min_gap_s (4 s) after the rollback ten requests missed the TTFT target and
     # the twin offers a clear gain, yet no change comes until twice the gap has passed
     for t in (110.0, 113.5):
         assert pilot.tick(t, knobs, missed(t), no_attribution, fixed(0.5, 0.9)) is None
-        assert pilot.state == "rolled back"  # held by the gap, before any look
+        assert pilot.phase is Phase.ROLLED_BACK  # held by the gap, before any check
     later = pilot.tick(114.0, knobs, missed(114), no_attribution, fixed(0.5, 0.9))
     assert later is not None and later.action == "change"
     assert later.changes != decision.changes  # the move rolled back is banned
@@ -368,7 +371,7 @@ def test_a_kept_change_after_a_rollback_halves_the_gap_again() -> None:
     moved = changed_at_100(pilot)
     worse = [record(101 + 0.3 * i, 900.0) for i in range(10)]
     undo = pilot.tick(106.0, moved, worse, no_attribution, fixed(0.5, 0.9))
-    assert undo is not None and undo.action == "rollback" and pilot.backoff == 2.0
+    assert undo is not None and undo.action == "rollback" and pilot.change_backoff == 2.0
     pilot.applied(undo, version=8)
     knobs = Knobs(max_num_seqs=8)
     change = pilot.tick(114.0, knobs, missed(114), no_attribution, fixed(0.5, 0.9))
@@ -377,7 +380,7 @@ def test_a_kept_change_after_a_rollback_halves_the_gap_again() -> None:
     moved = Knobs.model_validate({**knobs.model_dump(), **change.knob_values()})
     # nothing attained before the change either (0% at 114 s): it is kept
     again = pilot.tick(120.0, moved, missed(120), no_attribution, fixed(0.5, 0.9))
-    assert pilot.backoff == 1.0 and pilot.state != "rolled back"
+    assert pilot.change_backoff == 1.0 and pilot.phase is not Phase.ROLLED_BACK
     assert again is not None and again.action == "change"
 
 
@@ -404,14 +407,14 @@ def test_a_change_is_judged_on_arrivals_whose_outcome_is_known() -> None:
     for t in (106.0, 112.0):
         ticked = pilot.tick(t, moved, late, no_attribution, fixed(0.5, 0.9), unstarted, (), started)
         assert ticked is None
-        assert (pilot.state, pilot.note) == (
-            "adjusting",
+        assert (pilot.phase, pilot.note) == (
+            Phase.ADJUSTING,
             "waiting for requests to judge the last change",
         )
     # the first ended in time, and so did the next two: 3 of 9 ended requests is within chance
     ended = [*late, record(101.0, 100.0), record(101.5, 100.0), record(103.2, 100.0)]
     assert pilot.tick(113.0, moved, ended, no_attribution, fixed(0.5, 0.9)) is None
-    assert pilot.state != "rolled back" and pilot.pending is None
+    assert pilot.phase is not Phase.ROLLED_BACK and pilot.change_on_trial is None
 
 
 @pytest.mark.parametrize(("attained", "rolled_back"), [(0, True), (1, False), (2, False)])
@@ -425,7 +428,7 @@ def test_a_fall_within_chance_of_a_few_requests_is_not_rolled_back(
     after = [record(101 + 0.5 * i, 100.0 if i < attained else 900.0) for i in range(6)]
     judged = pilot.tick(106.0, moved, after, no_attribution, fixed(0.5, 0.9))
     assert (judged is not None and judged.action == "rollback") == rolled_back
-    assert (pilot.state == "rolled back") == rolled_back
+    assert (pilot.phase is Phase.ROLLED_BACK) == rolled_back
 
 
 def test_a_fall_the_twin_foresaw_without_the_change_is_not_rolled_back() -> None:
@@ -441,13 +444,13 @@ def test_a_fall_the_twin_foresaw_without_the_change_is_not_rolled_back() -> None
     moved = Knobs.model_validate({**knobs.model_dump(), **decision.knob_values()})
     judged = pilot.tick(106.0, moved, after, no_attribution, fixed(0.1, 0.9))
     assert judged is None or judged.action == "change"  # kept, and free to go on
-    assert pilot.state != "rolled back" and pilot.backoff == 1.0
+    assert pilot.phase is not Phase.ROLLED_BACK and pilot.change_backoff == 1.0
 
 
-def test_looks_that_find_nothing_space_out_until_a_target_is_newly_missed() -> None:
+def test_checks_that_find_nothing_space_out_until_a_target_is_newly_missed() -> None:
     pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50, look_s=5.0, min_gap_s=0.0))
     knobs = Knobs(max_num_seqs=8)
-    looks: list[float] = []
+    checks: list[float] = []
 
     def ended(t: float, extra_ms: float = 0.0) -> list[dict[str, Any]]:
         """Ten requests that ended in the last 4 s, TTFT 900 ms, TPOT raised by `extra_ms`/10."""
@@ -455,42 +458,42 @@ def test_looks_that_find_nothing_space_out_until_a_target_is_newly_missed() -> N
         return [{**r, "e2e_ms": r["e2e_ms"] + extra_ms} for r in out]
 
     def nothing_better(changes: list[dict[str, Any]], window_s: float, *_: Any) -> list[Trial]:
-        if changes == [{}]:  # a look's first ask
-            looks.append(t)
+        if changes == [{}]:  # a check's first ask
+            checks.append(t)
         return fixed(0.5, 0.5)(changes, window_s)
 
     for t in range(100, 160):
         assert pilot.tick(float(t), knobs, ended(t), no_attribution, nothing_better) is None
-    assert looks == [100, 110, 130, 150]  # gaps 2x, then 4x look_s: no more
-    # TPOT is missed too from now: a new miss is looked at at once, at the first gap again
+    assert checks == [100, 110, 130, 150]  # gaps 2x, then 4x look_s: no more
+    # TPOT is missed too from now: a new miss is checked at once, at the first gap again
     for t in range(160, 171):
         pilot.tick(float(t), knobs, ended(t, 1000.0), no_attribution, nothing_better)
-    assert looks[4:] == [160, 170]
-    # TPOT met again: fewer misses are no reason to look sooner, the gaps go on growing
+    assert checks[4:] == [160, 170]
+    # TPOT met again: fewer misses are no reason to check sooner, the gaps go on growing
     for t in range(171, 196):
         pilot.tick(float(t), knobs, ended(t), no_attribution, nothing_better)
-    assert looks[6:] == [190]
-    # TPOT missed again: missed at a look since the gaps began growing, so no news (in a heavy
+    assert checks[6:] == [190]
+    # TPOT missed again: missed at a check since the gaps began growing, so no news (in a heavy
     # phase the two came and went in turn, and each return restarted the gaps)
     for t in range(196, 232):
         pilot.tick(float(t), knobs, ended(t, 1000.0), no_attribution, nothing_better)
-    assert looks[7:] == [210, 230]
+    assert checks[7:] == [210, 230]
 
 
-def test_looks_while_the_targets_hold_space_out_too() -> None:
+def test_checks_while_the_targets_hold_space_out_too() -> None:
     pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50, explore_s=10.0, min_gap_s=0.0))
     knobs = Knobs(max_num_seqs=8)
-    looks: list[float] = []
+    checks: list[float] = []
 
     def nothing_better(changes: list[dict[str, Any]], window_s: float, *_: Any) -> list[Trial]:
-        looks.append(t)
+        checks.append(t)
         return fixed(1.0, 1.0)(changes, window_s)
 
     for t in range(100, 260):
-        # every target met, but one request of ten missed: room for a gain, so the twin looks
+        # every target met, but one request of ten missed: room for a gain, so the twin is asked
         met = [record(t - 5 + 0.4 * i, 100.0 if i else 1200.0) for i in range(10)]
         assert pilot.tick(float(t), knobs, met, no_attribution, nothing_better) is None
-    assert looks == [100, 120, 160, 200, 240]  # gaps 2x, then 4x explore_s: no more
+    assert checks == [100, 120, 160, 200, 240]  # gaps 2x, then 4x explore_s: no more
 
 
 def missed(t: float) -> list[dict[str, Any]]:
@@ -524,7 +527,7 @@ def test_undoing_its_own_change_soon_needs_twice_the_gain() -> None:
     knobs = Knobs(max_num_seqs=16)
     met = [record(101 + 0.4 * i, 100.0) for i in range(10)]
     assert pilot.tick(106.0, knobs, met, no_attribution, predicting({}, 16)) is None  # kept
-    assert pilot.pending is None and pilot.state != "rolled back"
+    assert pilot.change_on_trial is None and pilot.phase is not Phase.ROLLED_BACK
     back = predicting({8: 0.57, 16: 0.5}, 16)
     assert pilot.tick(130.0, knobs, missed(130), no_attribution, back) is None
     assert "undoing its own max_num_seqs change so soon needs 2x the gain" in pilot.note
@@ -579,11 +582,11 @@ def test_goodput_weight_can_change_which_candidate_scores_best() -> None:
 
 def test_with_goodput_in_the_score_full_attainment_leaves_room_to_gain() -> None:
     """Every request attains with the knobs as they are: by attainment nothing can gain, but
-    twice the goodput can; no ceiling holds the pilot back from looking at it."""
+    twice the goodput can; no max_improvable_score holds the pilot back from checking it."""
     twin = scoring({str({"max_num_seqs": 16}): (1.0, 8.0)}, (1.0, 4.0))
-    assert ceiling(settings()) == 1.0 - settings().gain
+    assert max_improvable_score(settings()) == 1.0 - settings().gain
     s = settings(ttft_p90_ms=500, tpot_p90_ms=50, goodput_weight=0.1)
-    assert ceiling(s) == math.inf
+    assert max_improvable_score(s) == math.inf
     knobs = Knobs(max_num_seqs=8)
     held = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50))
     assert held.tick(100.0, knobs, missed(100), no_attribution, twin) is None
@@ -616,22 +619,22 @@ def test_when_nothing_attains_it_moves_only_to_drain_the_queue() -> None:
     assert drains is not None and drains.changes == {"max_num_seqs": [8, 16]}
 
 
-def test_a_shift_in_the_arrivals_is_looked_at_at_once_on_the_new_load_alone() -> None:
+def test_a_shift_in_the_arrivals_is_checked_at_once_on_the_new_load_alone() -> None:
     """Targets met, one change made at 100 s and being measured; at 104 s arrivals jump from 2
     to 10 a second. Before and after that change are no longer comparable, so it is not
-    judged; the next look comes as soon as the gap between changes allows, not after
+    judged; the next check comes as soon as the gap between changes allows, not after
     explore_s, with the twin repeating only the arrivals since the shift, over a horizon
     that holds MIN_SIMULATED requests."""
     pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50, min_gap_s=6.0))
     knobs = Knobs(max_num_seqs=8)
     steady = [(80 + 0.5 * i, 100) for i in range(40)]  # 2 a second until 100 s
     burst = [(100 + 0.1 * i, 100) for i in range(41)]  # 10 a second from 100 s
-    looks: list[tuple[float, float, float, int]] = []
+    checks: list[tuple[float, float, float, int]] = []
 
     def twin(
         changes: list[dict[str, Any]], window_s: float, errors: float = 0.0, min_requests: int = 0
     ) -> list[Trial]:
-        looks.append((t, window_s, errors, min_requests))
+        checks.append((t, window_s, errors, min_requests))
         return fixed(0.5, 0.9)(changes, window_s)
 
     met = [record(95 + 0.4 * i, 100.0) for i in range(10)]
@@ -642,13 +645,13 @@ def test_a_shift_in_the_arrivals_is_looked_at_at_once_on_the_new_load_alone() ->
     t = 104.0
     arrived = steady + [a for a in burst if a[0] <= t]
     assert pilot.tick(t, knobs, met, no_attribution, twin, (), arrived) is None
-    assert pilot.pending is None and pilot.state != "rolled back"  # not judged
+    assert pilot.change_on_trial is None and pilot.phase is not Phase.ROLLED_BACK  # not judged
     t = 106.0
     shifted = pilot.tick(t, knobs, met, no_attribution, twin, (), steady + burst)
     assert shifted is not None and shifted.action == "change"
     assert shifted.reason.startswith("load shifted: arrivals 1.9 → 8.6 req/s: max_num_seqs 8 → 16")
     # each change first checked with the twin's steps one held-out error shorter and longer
-    assert looks == [(100.0, 20.0, e, 0) for e in (0, 0, -1, 1)] + [
+    assert checks == [(100.0, 20.0, e, 0) for e in (0, 0, -1, 1)] + [
         (106.0, 7.0, e, MIN_SIMULATED) for e in (0, 0, -1, 1)
     ]
 
@@ -659,7 +662,7 @@ def test_a_shift_to_long_prompts_weighs_a_smaller_chunk_first_once_the_twin_can(
     smaller chunk is the first single step (the single steps of the other knobs alone leave it
     out), after the shift's two hinted steps together (chunk and budget down), which the twin
     here predicts less for. The twin cannot weigh the new load until its steps come in (here
-    at its first two looks): the pilot asks again every look_s (ticking every 2 s: every
+    at its first two checks): the pilot asks again every look_s (ticking every 2 s: every
     6 s), and moves the chunk as soon as it can."""
     short = [(80 + 0.5 * i, 100) for i in range(40)]
     long = [(100 + 0.5 * i, 1500) for i in range(80)]
@@ -677,7 +680,7 @@ def test_a_shift_to_long_prompts_weighs_a_smaller_chunk_first_once_the_twin_can(
     decision, t = None, 100.0
     while decision is None and t <= 130:
         decision = pilot.tick(t, Knobs(), [], no_attribution, twin, (), short + long)
-        assert decision is not None or pilot.state == "waiting"
+        assert decision is not None or pilot.phase is Phase.WAITING
         t += 2
     first = asked[0][0]
     assert [a for a, _ in asked] == [first, first + 6, *[first + 12] * 4]
@@ -695,7 +698,7 @@ def test_a_shift_to_long_prompts_weighs_a_smaller_chunk_first_once_the_twin_can(
 
 def test_a_shift_that_needs_two_steps_takes_them_in_one_change() -> None:
     """Prompts grow from 100 tokens to 1500 at 100 s, and the twin predicts most for a smaller
-    chunk and a smaller budget together: the look the shift brings makes both in one change
+    chunk and a smaller budget together: the check the shift brings makes both in one change
     (one by one, the second would wait observe_s for the first to be judged). When the
     requests after it fare worse, one rollback undoes both, and that pair is not tried again
     for a while. Until then, undoing either knob soon counts as undoing its own change."""
@@ -721,7 +724,7 @@ def test_a_shift_that_needs_two_steps_takes_them_in_one_change() -> None:
     assert "max_num_batched_tokens 2048 → 1024, prefill_chunk_size 512 → 256" in decision.reason
     pilot.applied(decision, version=1)
     up = {"prefill_chunk_size": 1, "max_num_batched_tokens": 1}  # either undoes a knob it moved
-    assert all(pilot._reverses(((knob, d),), 110.0) == knob for knob, d in up.items())
+    assert all(pilot._reversed_knob(((knob, d),), 110.0) == knob for knob, d in up.items())
     worse = met + [record(104 + 0.3 * i, 900.0) for i in range(10)]
     moved = Knobs(prefill_chunk_size=256, max_num_batched_tokens=1024)
     undo = pilot.tick(110.0, moved, worse, no_attribution, twin, (), short + long)
@@ -730,14 +733,14 @@ def test_a_shift_that_needs_two_steps_takes_them_in_one_change() -> None:
         "prefill_chunk_size": [256, 512],
         "max_num_batched_tokens": [1024, 2048],
     }
-    assert set(pilot.banned) == {(("prefill_chunk_size", -1), ("max_num_batched_tokens", -1))}
+    assert set(pilot.banned_until) == {(("prefill_chunk_size", -1), ("max_num_batched_tokens", -1))}
 
 
-def test_longer_prompts_after_a_shift_seen_on_the_rate_are_looked_at_when_they_come() -> None:
+def test_longer_prompts_after_a_shift_seen_on_the_rate_are_checked_when_they_come() -> None:
     """Eight short prompts a second until 100 s, then none until long ones, one a second, from
-    104.5 s: at 104 s the rate has fallen and no long prompt has come yet. That look has
+    104.5 s: at 104 s the rate has fallen and no long prompt has come yet. That check has
     nothing that hints at a smaller chunk and leaves it out; the long prompts that follow are
-    news of the same shift, looked at as soon as two have come, and a smaller chunk is
+    news of the same shift, checked as soon as two have come, and a smaller chunk is
     weighed first among the single steps."""
     short = [(60 + i / 8, 100 + 10 * (i % 5)) for i in range(320)]
     long = [(104.5 + i, 1500) for i in range(20)]
@@ -745,7 +748,7 @@ def test_longer_prompts_after_a_shift_seen_on_the_rate_are_looked_at_when_they_c
     chunk = {"prefill_chunk_size": 256}
 
     def twin(changes: list[dict[str, Any]], window_s: float, *_: Any) -> list[Trial]:
-        if changes != [{}]:  # the candidates, or the doubt's
+        if changes != [{}]:  # the candidates, or the runs under its error
             asked.append((t, [c for c in changes if c]))
         return [Trial(c, {"tpot_p90_ms": 50.0}, 1.0, 0.9 if c == chunk else 0.5) for c in changes]
 
@@ -765,12 +768,26 @@ def test_longer_prompts_after_a_shift_seen_on_the_rate_are_looked_at_when_they_c
     assert pilot.arrivals_window(106.0) == 7.0  # still the arrivals since the shift
 
 
+def test_the_phases_are_the_states_the_api_shows() -> None:
+    """GET /api/autopilot's `state` is the phase's value: the dashboard shows these words."""
+    assert [p.value for p in Phase] == [
+        "off",
+        "waiting",
+        "holding",
+        "adjusting",
+        "rolled back",
+        "paused",
+    ]
+    state = Autopilot(settings()).status()["state"]
+    assert type(state) is str and state == "waiting"
+
+
 def test_a_persons_change_pauses_it_and_it_resumes_after() -> None:
     pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50, pause_s=30.0))
     knobs = Knobs(max_num_seqs=8)
     recent = [record(95 + 0.4 * i, 900.0) for i in range(10)]
     pilot.person_changed(95.0, "dashboard")
-    assert pilot.state == "paused" and "dashboard" in pilot.note
+    assert pilot.phase is Phase.PAUSED and "dashboard" in pilot.note
     assert pilot.tick(100.0, knobs, recent, no_attribution, fixed(0.0, 0.9)) is None
     assert pilot.status()["paused_until"] == 125.0
     decision = pilot.tick(126.0, knobs, [record(120, 900.0)] * 10, no_attribution, fixed(0.0, 0.9))
@@ -785,7 +802,7 @@ def test_a_refused_change_is_recorded_and_it_keeps_going() -> None:
     assert decision is not None
     pilot.refused(decision, "kv_capacity_blocks below a live request's need")
     assert pilot.status()["last_decision"]["refused"].startswith("kv_capacity_blocks")
-    assert pilot.state == "holding" and pilot.pending is None
+    assert pilot.phase is Phase.HOLDING and pilot.change_on_trial is None
     assert pilot.tick(101.0, knobs, recent, no_attribution, fixed(0.0, 0.9)) is not None
 
 
@@ -808,7 +825,7 @@ def test_a_persons_change_while_the_engine_applies_ours_keeps_the_pause_shown() 
 
 def test_settings_or_a_persons_change_while_the_twin_runs_stand() -> None:
     """The server lets go of the pilot while the twin runs; what came meanwhile is not
-    overwritten by the look's outcome, and the look applies nothing."""
+    overwritten by the check's outcome, and the check applies nothing."""
     recent = [record(95 + 0.4 * i, 900.0) for i in range(10)]
     pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50))
 
@@ -817,16 +834,16 @@ def test_settings_or_a_persons_change_while_the_twin_runs_stand() -> None:
         return fixed(0.0, 0.9)(changes, window_s)
 
     assert pilot.tick(100.0, Knobs(max_num_seqs=8), recent, no_attribution, switched_off) is None
-    assert pilot.state == "off" and pilot.pending is None
+    assert pilot.phase is Phase.OFF and pilot.change_on_trial is None
 
     pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50))
 
     def person(changes: list[dict[str, Any]], window_s: float, *_: Any) -> list[Trial]:
         pilot.person_changed(100.0, "dashboard")
-        return fixed(0.9, 0.9)(changes, window_s)  # nothing to gain: the look would say "holding"
+        return fixed(0.9, 0.9)(changes, window_s)  # nothing to gain: the check would say "holding"
 
     assert pilot.tick(100.0, Knobs(max_num_seqs=8), recent, no_attribution, person) is None
-    assert pilot.state == "paused" and pilot.pending is None
+    assert pilot.phase is Phase.PAUSED and pilot.change_on_trial is None
 
 
 def test_too_few_steps_for_the_twin_waits_and_says_so() -> None:
@@ -837,12 +854,12 @@ def test_too_few_steps_for_the_twin_waits_and_says_so() -> None:
         raise InvalidInput("the live engine has seen too few steps: 12 of 40", "source")
 
     assert pilot.tick(100.0, Knobs(), recent, no_attribution, unfit) is None
-    assert pilot.state == "waiting" and "too few steps" in pilot.note
+    assert pilot.phase is Phase.WAITING and "too few steps" in pilot.note
 
 
 def test_a_disabled_autopilot_does_nothing() -> None:
     pilot = Autopilot(AutopilotSettings())
-    assert pilot.state == "off"
+    assert pilot.phase is Phase.OFF and pilot.status()["state"] == "off"
     recent = [record(95 + 0.4 * i, 900.0) for i in range(10)]
     assert pilot.tick(100.0, Knobs(), recent, no_attribution, fixed(0.0, 1.0)) is None
 

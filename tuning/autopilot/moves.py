@@ -22,7 +22,7 @@ HINTS: dict[str, list[Step]] = {
 MAX_MOVES = 3  # twin runs per decision: each costs CPU beside the engine
 
 
-def moved(value: int, direction: int, factor: float, lo: int, hi: int) -> int:
+def step_value(value: int, direction: int, factor: float, lo: int, hi: int) -> int:
     """One step of `value` by `factor` up or down, within [lo, hi]."""
     new = round(value * factor) if direction > 0 else round(value / factor)
     if new == value:
@@ -43,7 +43,9 @@ def consistent(values: dict[str, Any], knob: str) -> dict[str, Any]:
     return out
 
 
-def stepped(current: dict[str, Any], settings: AutopilotSettings, steps: Move) -> dict[str, Any]:
+def step_changes(
+    current: dict[str, Any], settings: AutopilotSettings, steps: Move
+) -> dict[str, Any]:
     """The knobs that `steps` change, one after another, with the others they pull along."""
     values = dict(current)
     for knob, direction in steps:
@@ -51,7 +53,7 @@ def stepped(current: dict[str, Any], settings: AutopilotSettings, steps: Move) -
         if knob == "prefill_chunk_size" and value == 0:
             value = values["max_num_batched_tokens"]  # unchunked: a chunk as big as the budget
         b = settings.knobs[knob]
-        new = moved(value, direction, settings.max_factor, b.lo, b.hi)
+        new = step_value(value, direction, settings.max_factor, b.lo, b.hi)
         values = consistent({**values, knob: new}, knob)
     return {k: v for k, v in values.items() if v != current[k]}
 
@@ -79,12 +81,12 @@ def moves(
     def add(move: Move) -> None:
         if move in banned or any((step,) in banned for step in move):
             return
-        changes = stepped(current, settings, move)
+        changes = step_changes(current, settings, move)
         if changes and changes not in seen:
             seen.append(changes)
             out.append((changes, move))
 
-    add(combined(current, settings, together))
+    add(combined_move(current, settings, together))
     first = len(out)  # the combined candidate, if any
     for step in steps:
         if step[0] in settings.knobs:
@@ -95,12 +97,14 @@ def moves(
     return out[: first + MAX_MOVES]
 
 
-def combined(current: dict[str, Any], settings: AutopilotSettings, causes: Sequence[str]) -> Move:
+def combined_move(
+    current: dict[str, Any], settings: AutopilotSettings, causes: Sequence[str]
+) -> Move:
     """The steps the `causes` hint at, the first for each knob that can move, if they are two
     or more; else none."""
     steps: list[Step] = []
     for step in (hint for cause in causes for hint in HINTS.get(cause, [])):
         fresh = step[0] in settings.knobs and step[0] not in {k for k, _ in steps}
-        if fresh and stepped(current, settings, (step,)):
+        if fresh and step_changes(current, settings, (step,)):
             steps.append(step)
     return tuple(steps) if len(steps) >= 2 else ()

@@ -1,12 +1,13 @@
-"""The SLO autopilot's decisions: when to look, which knob set the twin predicts best, when to
-apply it, and when to roll a change back. Pure: the caller supplies the clock, the requests
-that ended lately, the attribution and a twin to evaluate candidates, and applies what it
-decides (`applied` / `refused` tell it how that went)."""
+"""The SLO autopilot's decisions: when to check the targets and ask the twin, which knob set the
+twin predicts best, when to apply it, and when to roll a change back. Pure: the caller supplies
+the clock, the requests that ended lately, the attribution and a twin to evaluate candidates,
+and applies what it decides (`applied` / `refused` / `dropped` tell it how that went)."""
 
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import Any, Literal, Protocol
 
 from scipy.special import bdtr
@@ -23,24 +24,25 @@ from tuning.twin.tune import Trial
 EXCESS_WEIGHT = 0.1  # halving a p90 above its target scores 7 points of attainment
 BACKLOG_WEIGHT = 0.5  # a queue left at the horizon of half the requests costs 25 points
 HISTORY = 900  # ticks of measurements kept: half an hour at the default interval
+DECISIONS = 50  # decisions kept (the newest), with their reasons
 MIN_REQUESTS = 5  # requests a window needs before its percentiles mean anything
 ROLLBACK_MARGIN = 0.05  # attainment this much worse after a change than before: undo it
 # ... and as few attaining after it as chance gives this rarely at that attainment: in a phase
 # of long prompts five to ten requests come in the seconds after a change
 ROLLBACK_P = 0.05
 BAN_S = 120.0  # a rolled-back move is not tried again for this long
-MAX_BACKOFF = 8  # the gap between changes grows up to this many times after rollbacks
+MAX_CHANGE_BACKOFF = 8  # the gap between changes grows up to this many times after rollbacks
 JUDGE_WITHIN = 3  # observe_s periods to wait for enough requests to judge a change
-MAX_LOOK_BACKOFF = 4  # fruitless looks space the next out up to this many times
+MAX_CHECK_BACKOFF = 4  # checks that change nothing space the next out up to this many times
 REVERSE_S = 60.0  # undoing its own change this soon after it needs REVERSE_GAIN times the gain
 REVERSE_GAIN = 2.0
 # a gain must be worth this many of the simulated requests attaining: whether one request
 # makes its targets is within the twin's error (its step times are 10-20% off)
 MIN_GAINED = 2
-# requests the twin simulates at least on a shift's look, its horizon stretched for them
-# (tuning.twin.live.stretched_horizon): at the 11 a 10 s horizon held in a phase of long prompts,
-# one request was 9 points, and the chunk lost to the budget by one. Only there: the twin's
-# CPU grows with its horizon, and the shift's look is the one that settles a phase soonest
+# requests the twin simulates at least on the check a shift brings, its horizon stretched for
+# them (tuning.twin.live.stretched_horizon): at the 11 a 10 s horizon held in a phase of long
+# prompts, one request was 9 points, and the chunk lost to the budget by one. Only there: the
+# twin's CPU grows with its horizon, and the shift's check is the one that settles a phase soonest
 MIN_SIMULATED = 30
 
 MEASURED_TOO_FEW = (
@@ -48,8 +50,18 @@ MEASURED_TOO_FEW = (
     "past the TTFT target)"
 )
 
-State = Literal["off", "waiting", "holding", "adjusting", "rolled back", "paused"]
 Action = Literal["change", "rollback", "hold"]
+
+
+class Phase(StrEnum):
+    """What the autopilot is doing; its value is the `state` GET /api/autopilot shows."""
+
+    OFF = "off"  # not enabled
+    WAITING = "waiting"  # for the twin to be able to run (too few steps fitted, a new load)
+    HOLDING = "holding"  # the knobs as they are: nothing to gain, or not time to check yet
+    ADJUSTING = "adjusting"  # a change made, being measured before it is judged
+    ROLLED_BACK = "rolled back"  # the last change made things worse and was undone
+    PAUSED = "paused"  # by a person's change, until pause_s after it
 
 
 class Evaluate(Protocol):
@@ -69,9 +81,9 @@ class Evaluate(Protocol):
 
 
 Attribution = Callable[[], dict[str, Any] | None]
-# Evaluate for one look, its window and least requests fixed: (changes, errors)
-Ask = Callable[[list[dict[str, Any]], float], list[Trial]]
-Scored = tuple[float, float, Trial, Move]  # predicted gain, the gain needed, trial, move
+# Evaluate for one check, its window and least requests fixed: (changes, errors)
+RunTwin = Callable[[list[dict[str, Any]], float], list[Trial]]
+Scored = tuple[float, float, Trial, Move]  # predicted gain, the gain required, trial, move
 
 
 @dataclass
@@ -118,7 +130,7 @@ class Decision:
 
 
 @dataclass
-class Pending:
+class ChangeOnTrial:
     """A change in force, waiting to be judged against what was measured before it."""
 
     t: float
@@ -128,54 +140,85 @@ class Pending:
     unchanged: float | None  # the attainment the twin predicted had the knobs stayed
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What one tick concluded: the phase to show and why (`phase` None: keep the one shown),
+    and a change or rollback for the caller to apply."""
+
+    phase: Phase | None = None
+    note: str = ""
+    decision: Decision | None = None
+
+
+KEEP = Outcome()
+
+
+@dataclass
+class LoadShift:
+    """The last shift in the load seen (tuning.twin.load_shift)."""
+
+    t: float  # when it was seen
+    shift: Shift  # with longer prompts named after it (`longer_since`)
+    compared_from: float  # the arrivals it was told against began here
+
+
 class Autopilot:
-    """Holds the state between ticks; one tick every `settings.interval_s`."""
+    """Holds the state between ticks; one tick every `settings.interval_s`. The phase and its
+    note change in `_enter` alone: once a tick (`tick`, with the `Outcome` that `_next`
+    decides), and on the events between ticks (`configure`, `person_changed`, `applied`,
+    `refused`)."""
 
     def __init__(self, settings: AutopilotSettings) -> None:
         self.settings = settings
-        self.state: State = "off" if not settings.enabled else "waiting"
-        self.note = ""  # why it is in its state, in words
-        self.decisions: deque[Decision] = deque(maxlen=50)
+        self.phase = Phase.WAITING if settings.enabled else Phase.OFF
+        self.note = ""  # why it is in its phase, in words
+        self.decisions: deque[Decision] = deque(maxlen=DECISIONS)
         # what each tick measured over the last observe_s, for the attainment chart
         self.history: deque[tuple[float, Measured]] = deque(maxlen=HISTORY)
-        self.pending: Pending | None = None
-        self.last_change_t = float("-inf")
-        self.last_look_t = float("-inf")
-        self.fruitless_looks = 0  # looks in a row that found nothing, no target missed anew
-        self.looked_at: set[str] = set()  # the targets missed at the looks since the backoff began
+        self.change_on_trial: ChangeOnTrial | None = None
         self.paused_until = float("-inf")
-        self.backoff = 1.0
-        self.banned: dict[Move, float] = {}
-        self.last_moves: dict[str, tuple[int, float]] = {}  # knob -> (direction, t) of our last
-        self.regime_t = float(
-            "-inf"
-        )  # when a shift in the load was last seen (tuning.twin.load_shift)
-        self.regime: Shift | None = None  # that shift, with longer prompts named after it
-        self.regime_since = float("-inf")  # the arrivals it was told against began here
-        self.shifted: Shift | None = None  # that shift, until a look has weighed it
-        self.shifted_t = float("-inf")  # when `shifted` last told something new
+        # pacing the changes: the last one applied, the gap's factor (rollbacks double it),
+        # the moves rolled back and until when they are not tried again, and knob ->
+        # (direction, t) of our last move of each
+        self.last_change_t = float("-inf")
+        self.change_backoff = 1.0
+        self.banned_until: dict[Move, float] = {}
+        self.last_knob_moves: dict[str, tuple[int, float]] = {}
+        # pacing the checks: the last that asked the twin, the checks in a row that changed
+        # nothing with no target missed anew, and the targets missed at those checks
+        self.last_check_t = float("-inf")
+        self.checks_without_change = 0
+        self.missed_at_checks: set[str] = set()
+        self.last_shift: LoadShift | None = None
+        self.unweighed_shift: Shift | None = None  # the last shift, until a check has weighed it
+        self.shift_news_t = float("-inf")  # when `unweighed_shift` last told something new
         # bumped by configure and a person's change, which may come while the twin runs
-        self.generation = 0
+        self.external_changes = 0
+
+    def _enter(self, phase: Phase, note: str) -> None:
+        """The one place the phase and its note change."""
+        self.phase, self.note = phase, note
 
     def configure(self, settings: AutopilotSettings) -> None:
         self.settings = settings
-        self.generation += 1
+        self.external_changes += 1
         if not settings.enabled:
-            self.state, self.note, self.pending = "off", "", None
-        elif self.state == "off":
-            self.state, self.note = "waiting", "starting"
+            self.change_on_trial = None
+            self._enter(Phase.OFF, "")
+        elif self.phase is Phase.OFF:
+            self._enter(Phase.WAITING, "starting")
 
     def person_changed(self, t: float, origin: str) -> None:
         """A change someone else made: pause, and never judge or undo it as ours."""
         if not self.settings.enabled:
             return
-        self.generation += 1
+        self.external_changes += 1
         self.paused_until = t + self.settings.pause_s
-        self.pending = None
-        self.state = "paused"
-        self.note = (
+        self.change_on_trial = None
+        self._enter(
+            Phase.PAUSED,
             f"paused by a change from {origin!r} until {self.settings.pause_s:g} s after it; "
-            "the autopilot will not override it before then"
+            "the autopilot will not override it before then",
         )
 
     def tick(
@@ -190,7 +233,7 @@ class Autopilot:
         started: Sequence[float] = (),
     ) -> Decision | None:
         """What to do now; `recent` are the RequestRecords that ended lately (at least since
-        the pending change), `unstarted` the arrival times of the requests in the engine
+        the change on trial), `unstarted` the arrival times of the requests in the engine
         without a first token yet, `started` those of the requests in the engine with one,
         `arrivals` (arrival, prompt length) of every request that arrived lately, ended or
         not, `attribution` gives the `summarize` of the ended ones (or None), asked only when
@@ -199,122 +242,163 @@ class Autopilot:
         if not s.enabled:
             return None
         ended = [r for r in recent if r["finished_t"] >= t - s.observe_s]
-        now = Measured.of(ended, s.slo, self._late(t, unstarted))
-        self.history.append((t, now))
-        self._watch_load(t, arrivals)
-        if t < self.paused_until:
-            return None
-        if self.state == "paused":
-            self.state, self.note = "holding", "resumed after a person's change"
-        if self.pending is not None and self.shifted:
-            # what is measured after the change ran under another load than before it
-            self.pending = None
-        if self.pending is not None:
-            if t < self.pending.t + s.observe_s:
-                self.state, self.note = "adjusting", "measuring the last change"
-                return None
-            rollback = self._judge(t, recent, unstarted, started)
-            if rollback is not None or self.pending is not None:
-                return rollback
-        if t - self.last_change_t < s.min_gap_s * self.backoff:
-            return None
-        if self.shifted and self.last_look_t >= self.shifted_t and t - self.last_look_t < s.look_s:
-            # a shift seen before the last look is kept only when the twin could not weigh it
-            # there: it is asked again every look_s, news of a shift at once
-            return None
-        shifted, self.shifted = self.shifted, None
-        if now.requests < MIN_REQUESTS and not shifted:
-            self.state, self.note = "holding", MEASURED_TOO_FEW
-            return None
-        violated = self._violated(now)
-        if not set(violated) <= self.looked_at or shifted:
-            # a target missed anew, at none of the looks since the backoff began; fewer misses
-            # are no reason to look sooner (in a heavy phase TTFT and TPOT came and went in
-            # turn between looks, and each return restarted the backoff)
-            self.fruitless_looks = 0
-        if t - self.last_look_t < self._look_gap(bool(violated)) and not shifted:
-            self.state = "holding"
-            self.note = "; ".join(violated.values()) or "targets met"
-            return None
-        self.last_look_t = t
-        self.looked_at = set(violated) | (self.looked_at if self.fruitless_looks else set())
-        if not violated and not shifted and self._no_room_measured(now):
-            self.fruitless_looks += 1
-            self.state = "holding"
-            self.note = (
-                f"targets met, {now.attainment:.0%} of {now.requests} requests attaining: no "
-                f"candidate can gain {s.gain:.2f} in score"
-            )
-            return None
-        why = {**violated, **({"load": f"load shifted: {shifted.text}"} if shifted else {})}
-        hints = shifted.causes if shifted else ()
-        window, least = self.arrivals_window(t), MIN_SIMULATED if shifted else 0
+        measured = Measured.of(ended, s.slo, self._late_waits_ms(t, unstarted))
+        self.history.append((t, measured))
+        self._detect_load_shift(t, arrivals)
+        outcome = self._next(t, knobs, measured, recent, attribution, evaluate, unstarted, started)
+        if outcome.phase is not None:
+            self._enter(outcome.phase, outcome.note)
+        elif self.phase is Phase.PAUSED and t >= self.paused_until:
+            self._enter(Phase.HOLDING, "resumed after a person's change")
+        return outcome.decision
 
-        def ask(changes: list[dict[str, Any]], errors: float) -> list[Trial]:
+    def _next(
+        self,
+        t: float,
+        knobs: Knobs,
+        measured: Measured,
+        recent: list[dict[str, Any]],
+        attribution: Attribution,
+        evaluate: Evaluate,
+        unstarted: Sequence[float],
+        started: Sequence[float],
+    ) -> Outcome:
+        """The tick's outcome: kept while paused; the change on trial measured, then judged
+        (rolled back, or kept); nothing within the gap between changes; else a check."""
+        s = self.settings
+        if t < self.paused_until:
+            return KEEP
+        if self.change_on_trial is not None and self.unweighed_shift is not None:
+            # what is measured after the change ran under another load than before it
+            self.change_on_trial = None
+        if self.change_on_trial is not None:
+            if t < self.change_on_trial.t + s.observe_s:
+                return Outcome(Phase.ADJUSTING, "measuring the last change")
+            judged = self._judge_change(t, recent, unstarted, started)
+            if judged is not None:
+                return judged
+        if t - self.last_change_t < s.min_gap_s * self.change_backoff:
+            return KEEP
+        return self._check(t, knobs, measured, attribution, evaluate)
+
+    def _check(
+        self,
+        t: float,
+        knobs: Knobs,
+        measured: Measured,
+        attribution: Attribution,
+        evaluate: Evaluate,
+    ) -> Outcome:
+        """The targets against what was `measured` lately, and the twin asked when a check is
+        due (`_check_interval`), or at once on news of a shift in the load."""
+        s = self.settings
+        unweighed = self.unweighed_shift
+        if (
+            unweighed is not None
+            and self.last_check_t >= self.shift_news_t
+            and t - self.last_check_t < s.look_s
+        ):
+            # a shift seen before the last check is kept only when the twin could not weigh it
+            # there: it is asked again every look_s, news of a shift at once
+            return KEEP
+        self.unweighed_shift = None
+        if measured.requests < MIN_REQUESTS and unweighed is None:
+            return Outcome(Phase.HOLDING, MEASURED_TOO_FEW)
+        missed = self._missed_targets(measured)
+        if not set(missed) <= self.missed_at_checks or unweighed is not None:
+            # a target missed anew, at none of the checks since the backoff began; fewer misses
+            # are no reason to check sooner (in a heavy phase TTFT and TPOT came and went in
+            # turn between checks, and each return restarted the backoff)
+            self.checks_without_change = 0
+        if t - self.last_check_t < self._check_interval(bool(missed)) and unweighed is None:
+            return Outcome(Phase.HOLDING, "; ".join(missed.values()) or "targets met")
+        self.last_check_t = t
+        earlier = self.missed_at_checks if self.checks_without_change else set()
+        self.missed_at_checks = set(missed) | earlier
+        if not missed and unweighed is None and self._measured_leaves_no_room(measured):
+            self.checks_without_change += 1
+            return Outcome(
+                Phase.HOLDING,
+                f"targets met, {measured.attainment:.0%} of {measured.requests} requests "
+                f"attaining: no candidate can gain {s.gain:.2f} in score",
+            )
+        load = {"load": f"load shifted: {unweighed.text}"} if unweighed is not None else {}
+        hints = unweighed.causes if unweighed is not None else ()
+        window = self.arrivals_window(t)
+        least = MIN_SIMULATED if unweighed is not None else 0
+
+        def run_twin(changes: list[dict[str, Any]], errors: float) -> list[Trial]:
             return evaluate(changes, window, errors, least)
 
-        decision = self._choose(t, knobs, now, why, hints, attribution, ask)
-        self.fruitless_looks = 0 if decision is not None else self.fruitless_looks + 1
-        if decision is None and shifted and self.state == "holding":
-            self.note = f"load shifted ({shifted.text}); {self.note}"
-        if (
-            decision is None
-            and self.state == "waiting"
-            and shifted
-            and t - self.regime_t < s.arrivals_s
-        ):
+        reasons = {**missed, **load}
+        outcome = self._choose_change(t, knobs, measured, reasons, hints, attribution, run_twin)
+        if outcome.decision is not None:
+            self.checks_without_change = 0
+            return outcome
+        self.checks_without_change += 1
+        if unweighed is None:
+            return outcome
+        if outcome.phase is Phase.HOLDING:
+            outcome = replace(outcome, note=f"load shifted ({unweighed.text}); {outcome.note}")
+        if (outcome.phase or self.phase) is Phase.WAITING and t - self._shift_t < s.arrivals_s:
             # the twin could not weigh it yet (a new load runs steps unlike any fitted): ask
             # again as the new load's steps come in
-            self.shifted = shifted
-        return decision
+            self.unweighed_shift = unweighed
+        return outcome
 
-    def _no_room_measured(self, now: Measured) -> bool:
-        """Whether `now` measured an attainment above the `ceiling`: with every target met
-        and the load steady, no candidate can gain enough either, and the twin need not be
-        asked (such looks were a quarter of its CPU on a phased load). Not while waiting for
-        the twin to run at all: that wait is what the state shows."""
-        if self.state == "waiting" or now.attainment is None:
+    def _measured_leaves_no_room(self, measured: Measured) -> bool:
+        """Whether `measured` has an attainment above the `max_improvable_score`: with every
+        target met and the load steady, no candidate can gain enough either, and the twin
+        need not be asked (such checks were a quarter of its CPU on a phased load). Not while
+        waiting for the twin to run at all: that wait is what the phase shows."""
+        if self.phase is Phase.WAITING or measured.attainment is None:
             return False
-        return now.attainment > ceiling(self.settings)
+        return measured.attainment > max_improvable_score(self.settings)
 
-    def _watch_load(self, t: float, arrivals: Sequence[Arrival]) -> None:
+    @property
+    def _shift_t(self) -> float:
+        """When the last shift in the load was seen (-inf: none yet)."""
+        return float("-inf") if self.last_shift is None else self.last_shift.t
+
+    def _detect_load_shift(self, t: float, arrivals: Sequence[Arrival]) -> None:
         """Note a shift in the arrivals against those of the last arrivals_s since the last
-        shift: a look weighs it at once, and the twin repeats only the arrivals since. For
-        arrivals_s after a shift, longer prompts it did not name are news too: the look they
+        shift: a check weighs it at once, and the twin repeats only the arrivals since. For
+        arrivals_s after a shift, longer prompts it did not name are news too: the check they
         bring weighs what they bring (the arrivals window still runs from the shift)."""
-        since = max(self.regime_t, t - SHIFT_S - self.settings.arrivals_s)
+        last = self.last_shift
+        since = max(self._shift_t, t - SHIFT_S - self.settings.arrivals_s)
         seen = shift(arrivals, t, since)
         if seen is not None:
-            self.regime_t, self.regime, self.regime_since = t, seen, since
-        elif self.regime is not None and t - self.regime_t < self.settings.arrivals_s:
-            seen = longer_since(arrivals, t, self.regime, self.regime_t, self.regime_since)
-            self.regime = seen or self.regime
+            self.last_shift = LoadShift(t, seen, since)
+        elif last is not None and t - last.t < self.settings.arrivals_s:
+            seen = longer_since(arrivals, t, last.shift, last.t, last.compared_from)
+            last.shift = seen or last.shift
         if seen is not None:
-            self.shifted, self.shifted_t = seen, t
+            self.unweighed_shift, self.shift_news_t = seen, t
 
     def arrivals_window(self, t: float) -> float:
         """Seconds of recent arrivals the twin repeats: arrivals_s, or fewer after a shift:
         those since the SHIFT_S that showed it."""
-        return min(self.settings.arrivals_s, t - self.regime_t + SHIFT_S)
+        return min(self.settings.arrivals_s, t - self._shift_t + SHIFT_S)
 
-    def _late(self, t: float, arrivals: Sequence[float]) -> list[float]:
+    def _late_waits_ms(self, t: float, arrivals: Sequence[float]) -> list[float]:
         """The waits (ms) of those of `arrivals`, without a first token at `t`, that are past
         the TTFT target."""
-        return [1000 * (t - a) for a in arrivals if self._past_target(t, a)]
+        return [1000 * (t - a) for a in arrivals if self._past_ttft_target(t, a)]
 
-    def _past_target(self, t: float, arrival: float) -> bool:
+    def _past_ttft_target(self, t: float, arrival: float) -> bool:
         return 1000 * (t - arrival) > self.settings.ttft_p90_ms
 
-    def _look_gap(self, violated: bool) -> float:
-        """Seconds between looks: look_s while a target is missed, explore_s while every one
-        is met; doubled after each look that found nothing to do, until a target is missed
-        that was at none of those looks (or the load shifts), up to MAX_LOOK_BACKOFF times:
-        the twin is most of the CPU the autopilot costs."""
+    def _check_interval(self, missed: bool) -> float:
+        """Seconds between checks that ask the twin: look_s while a target is missed,
+        explore_s while every one is met; doubled after each check that changed nothing,
+        until a target is missed that was at none of those checks (or the load shifts), up to
+        MAX_CHECK_BACKOFF times: the twin is most of the CPU the autopilot costs."""
         s = self.settings
-        base = s.look_s if violated else s.explore_s
-        return base * min(MAX_LOOK_BACKOFF, 2**self.fruitless_looks)
+        base = s.look_s if missed else s.explore_s
+        return base * min(MAX_CHECK_BACKOFF, 2**self.checks_without_change)
 
-    def _violated(self, m: Measured) -> dict[str, str]:
+    def _missed_targets(self, m: Measured) -> dict[str, str]:
         """The targets missed, by metric ("ttft", "tpot"), in words."""
         s, out = self.settings, {}
         if m.ttft_p90_ms is not None and m.ttft_p90_ms > s.ttft_p90_ms:
@@ -323,108 +407,105 @@ class Autopilot:
             out["tpot"] = f"p90 TPOT {ms_text(m.tpot_p90_ms)} > {ms_text(s.tpot_p90_ms)} target"
         return out
 
-    def _choose(
+    def _choose_change(
         self,
         t: float,
         knobs: Knobs,
-        now: Measured,
-        violated: dict[str, str],
+        measured: Measured,
+        reasons: dict[str, str],
         hints: Sequence[str],
         attribution: Attribution,
-        ask: Ask,
-    ) -> Decision | None:
-        """`hints`: causes a shift in the load brings, weighed before the attribution's (of
-        requests that ended under the load before). The twin weighs the knobs as they are
-        first: at most looks they leave no room (`ceiling`), and then neither the attribution
-        nor the candidates are worked out (each look that weighed the candidates too cost
-        three to five times as much)."""
-        generation = self.generation
-        asked = self._asked(ask, [{}], generation)
-        if asked is None:
-            return None
-        (current,) = asked
+        run_twin: RunTwin,
+    ) -> Outcome:
+        """`reasons` to change: the targets missed and a shift in the load, in words (none:
+        the check seeks a gain); `hints`: causes that shift brings, weighed before the
+        attribution's (of requests that ended under the load before). The twin weighs the
+        knobs as they are first: at most checks they leave no room (`max_improvable_score`),
+        and then neither the attribution nor the candidates are worked out (each check that
+        weighed the candidates too cost three to five times as much). A change made is on
+        trial from here (`change_on_trial`)."""
+        external = self.external_changes
+        as_is = self._twin_trials(run_twin, [{}], external)
+        if isinstance(as_is, Outcome):
+            return as_is
+        (current,) = as_is
         if current.outcome is None:
-            self.state, self.note = "waiting", current.refused or "the twin cannot run"
-            return None
-        if score(current, self.settings) > ceiling(self.settings):
-            self.state = "holding"
-            self.note = (
+            return Outcome(Phase.WAITING, current.refused or "the twin cannot run")
+        if score(current, self.settings) > max_improvable_score(self.settings):
+            return Outcome(
+                Phase.HOLDING,
                 f"the twin predicts {current.slo_attainment or 0:.0%} attainment as the knobs "
-                f"are: no candidate can gain {self.settings.gain:.2f} in score"
+                f"are: no candidate can gain {self.settings.gain:.2f} in score",
             )
-            return None
-        banned = {m for m, until in self.banned.items() if until > t}
+        banned = {m for m, until in self.banned_until.items() if until > t}
         attributed = attribution()
         causes = [*hints, *dominant_causes(attributed)]
         candidates = moves(knobs, self.settings, causes, banned, together=hints)
         if not candidates:
-            self.state, self.note = "holding", "no move left within the bounds"
-            return None
-        rest = self._asked(ask, [c for c, _ in candidates], generation)
-        if rest is None:
-            return None
+            return Outcome(Phase.HOLDING, "no move left within the bounds")
+        trials = self._twin_trials(run_twin, [c for c, _ in candidates], external)
+        if isinstance(trials, Outcome):
+            return trials
         # nothing attains under any candidate: a lower p90 that still misses gains nothing, but
         # a queue that drains sooner lets the requests after it attain
-        hopeless = not current.slo_attainment and not any(tr.slo_attainment for tr in rest)
+        hopeless = not current.slo_attainment and not any(tr.slo_attainment for tr in trials)
         base = score(current, self.settings, excess=not hopeless)
         requests = simulated(current)
         scored: list[Scored] = [
             (
                 score(tr, self.settings, excess=not hopeless) - base,
-                self._need(m, t, bool(violated), requests),
+                self._required_gain(m, t, bool(reasons), requests),
                 tr,
                 m,
             )
-            for tr, (_, m) in zip(rest, candidates, strict=True)
+            for tr, (_, m) in zip(trials, candidates, strict=True)
             if tr.outcome is not None
         ]
         if not scored:
-            self.state, self.note = "holding", "the twin refused every candidate"
-            return None
+            return Outcome(Phase.HOLDING, "the twin refused every candidate")
         cleared = [x for x in scored if x[0] >= x[1]]
         if not cleared:
-            self.state, self.note = "holding", self._no_gain(t, scored, hopeless, requests)
-            return None
+            return Outcome(Phase.HOLDING, self._no_gain_reason(t, scored, hopeless, requests))
         gained, _, best, move = max(cleared, key=lambda x: x[0])
-        doubt = self._doubt(best, gained, not hopeless, ask)
-        if generation != self.generation:
-            return None
-        if doubt is not None:
-            self.state, self.note = "holding", doubt
-            return None
+        within_error = self._gain_within_twin_error(best, gained, not hopeless, run_twin)
+        if external != self.external_changes:
+            return KEEP
+        if within_error is not None:
+            return Outcome(Phase.HOLDING, within_error)
         old = knobs.model_dump()
         changes = {k: [old[k], v] for k, v in best.changes.items()}
-        reason = change_reason(violated, attributed, changes, current, best)
+        reason = change_reason(reasons, attributed, changes, current, best)
         decision = Decision(t, "change", reason, changes, predicted=prediction(best))
-        self.pending = Pending(t, decision, now, move, current.slo_attainment)
-        return decision
+        self.change_on_trial = ChangeOnTrial(t, decision, measured, move, current.slo_attainment)
+        return Outcome(decision=decision)
 
-    def _asked(
-        self, ask: Ask, changes: list[dict[str, Any]], generation: int
-    ) -> list[Trial] | None:
-        """The twin's trials of `changes`; None when it cannot run (why, in the state), or when
-        new settings or a person's change came while it ran: they stand."""
+    def _twin_trials(
+        self, run_twin: RunTwin, changes: list[dict[str, Any]], external: int
+    ) -> list[Trial] | Outcome:
+        """The twin's trials of `changes`; else the outcome: waiting when it cannot run (why,
+        in the note), or KEEP when new settings or a person's change came while it ran (since
+        `external`): they stand."""
         try:
-            trials = ask(changes, 0.0)
+            trials = run_twin(changes, 0.0)
         except InvalidInput as exc:
-            if generation == self.generation:
-                self.state, self.note = "waiting", str(exc)
-            return None
-        return trials if generation == self.generation else None
+            return Outcome(Phase.WAITING, str(exc)) if external == self.external_changes else KEEP
+        return trials if external == self.external_changes else KEEP
 
-    def _doubt(self, best: Trial, gained: float, excess: bool, ask: Ask) -> str | None:
+    def _gain_within_twin_error(
+        self, best: Trial, gained: float, excess: bool, run_twin: RunTwin
+    ) -> str | None:
         """Why `best`'s predicted gain (`gained`) may be the twin's error, in words: with every
         step one held-out error longer, or shorter, than the fit, it loses, or it gains
-        nothing both ways; None otherwise. The need was cleared by the fit's prediction; under
-        the error the change must do no harm and still help one way. A uniform error moves
-        both trials, so it can squeeze a real gain (a smaller chunk gained 10-40 points in a
-        long-prompt phase that the twin predicted +0.10 for, +0.06 with its steps 13% longer)
-        or leave nothing to gain one way (with steps shorter, the knobs as they are may
-        attain too). Only a change about to be made pays these two runs, and a loss the first
-        way spares the second."""
+        nothing both ways; None otherwise. The required gain was cleared by the fit's
+        prediction; under the error the change must do no harm and still help one way. A
+        uniform error moves both trials, so it can squeeze a real gain (a smaller chunk gained
+        10-40 points in a long-prompt phase that the twin predicted +0.10 for, +0.06 with its
+        steps 13% longer) or leave nothing to gain one way (with steps shorter, the knobs as
+        they are may attain too). Only a change about to be made pays these two runs, and a
+        loss the first way spares the second."""
         gains: dict[str, float] = {}
         for errors, way in ((-1.0, "shorter"), (1.0, "longer")):
-            trials = ask([{}, best.changes], errors)
+            trials = run_twin([{}, best.changes], errors)
             gains[way] = (
                 score(trials[1], self.settings, excess) - score(trials[0], self.settings, excess)
                 if len(trials) == 2 and trials[0].outcome and trials[1].outcome
@@ -442,29 +523,29 @@ class Autopilot:
             )
         return None
 
-    def _need(self, move: Move, t: float, violated: bool, requests: int) -> float:
-        """The predicted score gain a move must clear: `gain`, twice that while every target is
-        met, but at least MIN_GAINED of the `requests` simulated; REVERSE_GAIN times more for
-        undoing our own change of the last REVERSE_S."""
+    def _required_gain(self, move: Move, t: float, urgent: bool, requests: int) -> float:
+        """The predicted score gain a move must clear: `gain`, twice that unless `urgent` (a
+        target missed or the load shifted), but at least MIN_GAINED of the `requests`
+        simulated; REVERSE_GAIN times more for undoing our own change of the last REVERSE_S."""
         floor = MIN_GAINED / requests if requests else 0.0
-        need = max(self.settings.gain * (1 if violated else 2), floor)
-        return need * REVERSE_GAIN if self._reverses(move, t) else need
+        need = max(self.settings.gain * (1 if urgent else 2), floor)
+        return need * REVERSE_GAIN if self._reversed_knob(move, t) else need
 
-    def _reverses(self, move: Move, t: float) -> str | None:
+    def _reversed_knob(self, move: Move, t: float) -> str | None:
         """The knob of ours that `move` would take back within REVERSE_S, if any."""
         for knob, direction in move:
-            last = self.last_moves.get(knob)
+            last = self.last_knob_moves.get(knob)
             if last is not None and last[0] == -direction and t - last[1] < REVERSE_S:
                 return knob
         return None
 
-    def _no_gain(self, t: float, scored: list[Scored], hopeless: bool, requests: int) -> str:
-        """Why no candidate cleared its need, in words."""
+    def _no_gain_reason(self, t: float, scored: list[Scored], hopeless: bool, requests: int) -> str:
+        """Why no candidate cleared its required gain, in words."""
         gain, need, _, move = max(scored, key=lambda x: x[0] - x[1])
         text = f"no candidate predicted to gain {need:.2f} in score (best {gain:+.3f})"
         if requests and MIN_GAINED / requests > self.settings.gain:
             text += f"; a gain must be worth {MIN_GAINED} of the {requests} requests simulated"
-        if undone := self._reverses(move, t):
+        if undone := self._reversed_knob(move, t):
             text += f"; undoing its own {undone} change so soon needs {REVERSE_GAIN:g}x the gain"
         if hopeless:
             text = (
@@ -473,44 +554,44 @@ class Autopilot:
             )
         return text
 
-    def _judge(
+    def _judge_change(
         self,
         t: float,
         recent: list[dict[str, Any]],
         unstarted: Sequence[float],
         started: Sequence[float],
-    ) -> Decision | None:
-        """Roll the pending change back if attainment fell since it, below what was measured
+    ) -> Outcome | None:
+        """Roll the change on trial back if attainment fell since it, below what was measured
         before it and below what the twin predicted for the knobs unchanged (under a rising
         load attainment falls whatever the knobs; that fall is not the change's doing), by more
-        than chance on the requests measured after it, else accept it."""
-        pending = self.pending
-        assert pending is not None
-        after = self._cohort(t, pending.t, recent, unstarted, started)
-        before = pending.before.attainment
-        if after.requests < MIN_REQUESTS and t < pending.t + JUDGE_WITHIN * self.settings.observe_s:
-            self.state, self.note = "adjusting", "waiting for requests to judge the last change"
-            return None
-        self.pending = None
+        than chance on the requests measured after it, else keep it (None: the tick goes on).
+        Too few requests after it to tell: wait for them, up to JUDGE_WITHIN observe_s."""
+        on_trial = self.change_on_trial
+        assert on_trial is not None
+        after = self._measured_since(t, on_trial.t, recent, unstarted, started)
+        before = on_trial.before.attainment
+        judge_by = on_trial.t + JUDGE_WITHIN * self.settings.observe_s
+        if after.requests < MIN_REQUESTS and t < judge_by:
+            return Outcome(Phase.ADJUSTING, "waiting for requests to judge the last change")
+        self.change_on_trial = None
         if before is None or after.attainment is None or after.requests < MIN_REQUESTS:
             return None
-        baseline = before if pending.unchanged is None else min(before, pending.unchanged)
-        if not fell(after, baseline - ROLLBACK_MARGIN):
-            self.backoff = max(1.0, self.backoff / 2)
+        baseline = before if on_trial.unchanged is None else min(before, on_trial.unchanged)
+        if not attainment_fell_below(after, baseline - ROLLBACK_MARGIN):
+            self.change_backoff = max(1.0, self.change_backoff / 2)
             return None
-        self.banned[pending.move] = t + BAN_S
-        self.backoff = min(MAX_BACKOFF, self.backoff * 2)
-        undo = {k: [new, old] for k, (old, new) in pending.decision.changes.items()}
+        self.banned_until[on_trial.move] = t + BAN_S
+        self.change_backoff = min(MAX_CHANGE_BACKOFF, self.change_backoff * 2)
+        undo = {k: [new, old] for k, (old, new) in on_trial.decision.changes.items()}
         moves_text = ", ".join(f"{k} {a} → {b}" for k, (a, b) in undo.items())
         reason = (
             f"rolled back: SLO attainment {after.attainment:.0%} of {after.requests} requests "
             f"after the change, {before:.0%} before: {moves_text}; next change no sooner than "
-            f"{self.settings.min_gap_s * self.backoff:g} s"
+            f"{self.settings.min_gap_s * self.change_backoff:g} s"
         )
-        self.state, self.note = "rolled back", reason
-        return Decision(t, "rollback", reason, undo)
+        return Outcome(Phase.ROLLED_BACK, reason, Decision(t, "rollback", reason, undo))
 
-    def _cohort(
+    def _measured_since(
         self,
         t: float,
         since: float,
@@ -522,43 +603,55 @@ class Autopilot:
         open (one decoding, or one waiting for a first token within the TTFT target). Those
         that ended alone would leave out the ones still decoding, mostly those whose first
         token came in time, and keep every late one: a sample of misses."""
-        waiting = [a for a in unstarted if a >= since and not self._past_target(t, a)]
+        waiting = [a for a in unstarted if a >= since and not self._past_ttft_target(t, a)]
         end = min([a for a in started if a >= since] + waiting, default=math.inf)
         return Measured.of(
             [r for r in recent if since <= r["arrival"] < end],
             self.settings.slo,
-            self._late(t, [a for a in unstarted if since <= a < end]),
+            self._late_waits_ms(t, [a for a in unstarted if since <= a < end]),
         )
 
     def applied(self, decision: Decision, version: int) -> None:
+        """The engine applied `decision` as knobs `version`."""
         decision.version = version
         self.decisions.append(decision)
         self.last_change_t = decision.t
         if decision.action != "change":
             return
-        if self.state != "paused":
+        if self.change_on_trial is not None:
+            for knob, direction in self.change_on_trial.move:
+                self.last_knob_moves[knob] = (direction, decision.t)
+        if self.phase is not Phase.PAUSED:
             # a person's change taken while the engine applied this one keeps its pause shown
-            self.state, self.note = "adjusting", decision.reason
-        if self.pending is not None:
-            for knob, direction in self.pending.move:
-                self.last_moves[knob] = (direction, decision.t)
+            self._enter(Phase.ADJUSTING, decision.reason)
 
     def refused(self, decision: Decision, message: str) -> None:
         """The engine refused the change: record it and keep going."""
         decision.refused = message
         self.decisions.append(decision)
-        self.pending = None
-        if self.state != "paused":
-            self.note = f"the engine refused {decision.knob_values()}: {message}"
-            self.state = "holding"
+        self.change_on_trial = None
+        if self.phase is not Phase.PAUSED:
+            self._enter(Phase.HOLDING, f"the engine refused {decision.knob_values()}: {message}")
+
+    def dropped(self) -> None:
+        """The knobs changed since the twin checked them (a person's change, which pauses it):
+        the change decided is not applied, nor on trial."""
+        self.change_on_trial = None
+
+    def sizes(self) -> dict[str, dict[str, int]]:
+        """Each bounded structure's length and limit (for /api/status)."""
+        return {
+            "autopilot_decisions": {"size": len(self.decisions), "limit": DECISIONS},
+            "autopilot_history": {"size": len(self.history), "limit": HISTORY},
+        }
 
     def status(self, history: int = HISTORY) -> dict[str, Any]:
         """State, note, decisions newest first, and the last `history` measurements."""
         last = self.decisions[-1] if self.decisions else None
         return {
-            "state": self.state,
+            "state": self.phase.value,
             "note": self.note,
-            "paused_until": self.paused_until if self.state == "paused" else None,
+            "paused_until": self.paused_until if self.phase is Phase.PAUSED else None,
             "last_decision": None if last is None else vars(last),
             "decisions": [vars(d) for d in reversed(self.decisions)],
             "history": [{"t": t, **vars(m)} for t, m in list(self.history)[-history:]]
@@ -567,7 +660,7 @@ class Autopilot:
         }
 
 
-def fell(after: Measured, baseline: float) -> bool:
+def attainment_fell_below(after: Measured, baseline: float) -> bool:
     """Whether fewer of `after`'s requests attained than chance would leave with probability
     ROLLBACK_P, had each attained with probability `baseline`."""
     if after.attainment is None or baseline <= 0:
@@ -603,8 +696,8 @@ def simulated(trial: Trial) -> int:
     return len(out.get("latencies_ms", [])) + out.get("unfinished", 0)
 
 
-def ceiling(settings: AutopilotSettings) -> float:
-    """The score of the knobs as they are above which no candidate can gain `gain`:
+def max_improvable_score(settings: AutopilotSettings) -> float:
+    """The highest score of the knobs as they are that leaves a candidate room to gain `gain`:
     no score exceeds 1 (every request attaining) while goodput counts for nothing; with
     goodput in the score there is no such bound."""
     return 1.0 - settings.gain if settings.goodput_weight == 0 else math.inf
@@ -634,7 +727,7 @@ def prediction(trial: Trial) -> dict[str, Any]:
 
 
 def change_reason(
-    violated: dict[str, str],
+    reasons: dict[str, str],
     attribution: dict[str, Any] | None,
     changes: dict[str, list[Any]],
     current: Trial,
@@ -645,7 +738,7 @@ def change_reason(
     dominant = (attribution or {}).get("dominant") or {}
     why = [
         f"{text} ({d['text']})" if (d := dominant.get(metric)) else text
-        for metric, text in violated.items()
+        for metric, text in reasons.items()
     ] or ["targets met; the twin predicts better"]
     what = ", ".join(f"{k} {a} → {b}" for k, (a, b) in changes.items())
     now, then = prediction(current), prediction(best)
