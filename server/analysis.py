@@ -3,7 +3,7 @@
 The engine thread lets the GIL go at every torch operation and must take it back after;
 while another thread of the same process runs Python, each of those takes waits out the
 switch interval (5 ms). A decode step that took 22 ms took 2.9 s beside a busy Python
-thread (`benchmarks/gil.py`). A simulation (a what-if, the scorecard's prediction, the
+thread (`benchmarks/speed/gil.py`). A simulation (a what-if, the scorecard's prediction, the
 autopilot's twin) is such a thread for seconds at a time, so they run here instead, at low
 priority, in a process started on first use.
 """

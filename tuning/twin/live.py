@@ -121,7 +121,7 @@ def _drawn(
     its own arrivals. Repeating it laid its few arrivals out evenly, where bunches that a
     Poisson process makes by chance are what queue: at a shift's look (a 5 s window) in a
     phase of long prompts the twin predicted 91-95% attainment where 72-81% was measured;
-    drawn, 71-81% against 75-82% (two runs of benchmarks/live_twin.py)."""
+    drawn, 71-81% against 75-82% (two runs of benchmarks/control/live_twin.py)."""
     if not pattern:
         return []
     rate = len(pattern) / window_s

@@ -127,7 +127,7 @@ def judged(
     outcome is already likely: one with a first token by its TTFT and TPOT so far, one
     without that waited past the TTFT target as a miss. One that may yet meet its TTFT is
     left out: counted as a miss, the requests arriving in the last seconds of a live twin's
-    10 s horizon made its attainment 8-10 points low (benchmarks/live_twin.py)."""
+    10 s horizon made its attainment 8-10 points low (benchmarks/control/live_twin.py)."""
     out: list[tuple[float | None, float | None]] = []
     for ttft, tpot, waited in cut:
         if ttft is not None:
