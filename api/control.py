@@ -43,9 +43,8 @@ def live_knob_schema(engine_loop: EngineLoop) -> dict[str, dict[str, Any]]:
 
 @router.get("/api/status")
 async def status(request: Request) -> dict[str, Any]:
-    engine_loop: EngineLoop = state_of(request.app).engine_loop
-    settings = state_of(request.app).settings
-    recorder = state_of(request.app).recorder
+    state = state_of(request.app)
+    engine_loop, settings, recorder = state.engine_loop, state.settings, state.recorder
     max_len = engine_loop.engine.model_config.max_model_len
     return {
         "model": settings.model_name,
@@ -61,9 +60,10 @@ async def status(request: Request) -> dict[str, Any]:
             "api_key": settings.api_key is not None,
             "admin_key": settings.admin_key is not None,
         },
-        "metrics": state_of(request.app).metrics is not None,
+        "metrics": state.metrics is not None,
         "recorder": recorder.stats() if recorder is not None else {"recording": False},
-        "fit_from": state_of(request.app).fit_from,
+        "fit_from": state.fit_from,
+        "sizes": state.sizes(),  # each bounded structure's length and limit
         **engine_loop.summary(),
     }
 

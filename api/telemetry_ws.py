@@ -20,7 +20,7 @@ from starlette.datastructures import QueryParams
 
 from engine.telemetry import StepTelemetry
 from server.state import state_of
-from server.telemetry_fanout import ClientQueue, TelemetryFanout
+from server.telemetry_fanout import ClientQueue, TelemetryFanout, TooManyClients
 
 router = APIRouter()
 EXTRA_FIELDS = ("recorder",)
@@ -89,7 +89,12 @@ async def telemetry(ws: WebSocket) -> None:
         await ws.close(code=1008)
         return
     hub = fanout(ws.app)
-    client = hub.attach(every, fields, bundle)
+    try:
+        client = hub.attach(every, fields, bundle)
+    except TooManyClients as exc:
+        await ws.send_text(json.dumps({"error": str(exc)}))
+        await ws.close(code=1013)  # try again later
+        return
     tasks = {asyncio.create_task(_send(ws, client)), asyncio.create_task(_until_closed(ws))}
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)

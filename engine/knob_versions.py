@@ -1,13 +1,19 @@
 """Knob versions: the knobs in force, accepted changes waiting for a step boundary, and the
-history of applied changes (version, when, who, what)."""
+recent history of applied changes (version, when, who, what)."""
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from engine.errors import InvalidInput
 from engine.knobs import Knobs
 from engine.telemetry import KnobChange
+
+# applied changes kept in memory; every one is also in its step's telemetry, so the recorder
+# keeps the whole history in the database
+HISTORY = 4096
 
 
 class KnobVersions:
@@ -18,7 +24,7 @@ class KnobVersions:
         self.knobs = knobs
         self.version = 1  # the newest accepted
         self.applied_version = 1
-        self.history: list[KnobChange] = []
+        self.history: deque[KnobChange] = deque(maxlen=HISTORY)
         self._pending: list[tuple[Knobs, KnobChange]] = []
         self._unreported: list[KnobChange] = []
         self._lock = threading.Lock()
@@ -76,6 +82,17 @@ class KnobVersions:
         self.applied_version = changes[-1].version
         self.history.extend(changes)
         self._unreported.extend(changes)
+
+    def since(self, version: int) -> list[KnobChange]:
+        """The applied changes newer than `version`; InvalidInput once some have been let go."""
+        with self._lock:
+            kept = list(self.history)
+        if kept and kept[0].version > version + 1 and len(kept) == self.history.maxlen:
+            raise InvalidInput(
+                f"knob version {version} is older than the {len(kept)} changes kept in memory",
+                "version",
+            )
+        return [c for c in kept if c.version > version]
 
     @property
     def waiting(self) -> bool:

@@ -218,8 +218,8 @@ class EngineLoop:
         return future
 
     def knob_history(self) -> list[dict[str, Any]]:
-        """Every applied knob change, oldest first."""
-        return [c.model_dump() for c in list(self.engine.knob_changes)]
+        """The applied knob changes kept in memory, oldest first."""
+        return [c.model_dump() for c in self.engine.knob_changes]
 
     def summary(self) -> dict[str, Any]:
         """Loop health, queue lengths, KV usage and knobs, readable from any thread."""
@@ -293,7 +293,10 @@ class EngineLoop:
         elif isinstance(item, _KnobUpdate):
             self._update_knobs(item)
         elif isinstance(item, _Snapshot):
-            _settle(item.future, queue_snapshot(self.engine, item.since_version))
+            try:
+                _settle(item.future, queue_snapshot(self.engine, item.since_version))
+            except InvalidInput as exc:  # a version older than the knob history kept
+                _settle(item.future, error=exc)
         else:
             self._add(item)
 

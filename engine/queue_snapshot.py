@@ -56,7 +56,7 @@ def queue_snapshot(engine: LLMEngine, since_version: int = 0) -> QueueSnapshot:
         t=time.time(),
         knobs=engine.knobs,
         knobs_version=engine.applied_knobs_version,
-        knob_changes=[c for c in engine.knob_changes if c.version > since_version],
+        knob_changes=engine.knob_versions.since(since_version),
         requests=queued,
         cpu_s=time.thread_time() - cpu0,
     )

@@ -5,6 +5,7 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -20,12 +21,22 @@ from tuning.twin.outcome import METRICS, metric_errors
 
 log = logging.getLogger(__name__)
 
-KEEP = 256  # entries kept in memory
+KEEP = 256  # entries kept in memory, and changes waiting for the twin or for their horizon
 SIDE = ("knobs", *METRICS, "unfinished")  # what an entry keeps of each predicted side
+# a prediction is made within its change's horizon, or not at all: the twin predicts from the
+# queue as it stands, which a change whose horizon has passed no longer shaped
+STALE = "no prediction: the twin was busy until the change's horizon had passed"
 
 
 class Scorecard:
-    """Entries newest first (`entries`, in memory; also in `store` when there is one)."""
+    """Entries newest first (`entries`, in memory; also in `store` when there is one).
+
+    One task predicts, one observes: a change waits for the twin in `unpredicted` (holding
+    nothing but its entry: the twin copies the live window only once it is free), then for its
+    horizon in `due`. Changes can come faster than the twin runs: every queue keeps at most
+    KEEP entries (`dropped` counts those that fell out before they were scored), and a change
+    still waiting when its horizon has passed is observed without a prediction.
+    """
 
     def __init__(self, twins: Twins, window: LiveWindow, session: str, horizon_s: float) -> None:
         self.twins = twins
@@ -34,20 +45,14 @@ class Scorecard:
         self.session = session
         self.horizon_s = horizon_s
         self.entries: deque[dict[str, Any]] = deque(maxlen=KEEP)
-        self.tasks: set[asyncio.Task[None]] = set()
+        self.unpredicted: deque[dict[str, Any]] = deque()
+        self.due: deque[tuple[dict[str, Any], Any]] = deque()  # (entry, its database row)
+        self.dropped = 0
+        self.scored = 0  # entries observed (the count a caller can wait on)
+        self.tasks: dict[str, asyncio.Task[None]] = {}
 
     def watch(self, change: dict[str, Any], applied_t: float) -> None:
         """Score an applied KnobChange dict (call on the event loop)."""
-        task = asyncio.create_task(self._score(change, applied_t))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
-    async def close(self) -> None:
-        for task in list(self.tasks):
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-
-    async def _score(self, change: dict[str, Any], applied_t: float) -> None:
         entry = {
             "session": self.session,
             "version": change["version"],
@@ -62,19 +67,68 @@ class Scorecard:
             "observed_t": None,
         }
         self.entries.appendleft(entry)
-        new = {k: new for k, (_, new) in change["changes"].items() if k in Knobs.model_fields}
+        self._append(self.unpredicted, entry)
+        self._run("predict", self._predict_all)
+
+    def sizes(self) -> dict[str, dict[str, int]]:
+        """Each bounded structure's length and limit (for /api/status)."""
+        return {
+            "scorecard_entries": {"size": len(self.entries), "limit": KEEP},
+            "scorecard_unpredicted": {"size": len(self.unpredicted), "limit": KEEP},
+            "scorecard_due": {"size": len(self.due), "limit": KEEP},
+        }
+
+    async def close(self) -> None:
+        for task in list(self.tasks.values()):
+            task.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+
+    def _append(self, queue: deque[Any], item: Any) -> None:
+        if len(queue) >= KEEP:
+            queue.popleft()
+            self.dropped += 1
+        queue.append(item)
+
+    def _run(self, name: str, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Start task `name` unless it runs: it works its queue until that is empty (and is
+        done in the same event-loop step that finds it empty, so nothing waits unseen)."""
+        task = self.tasks.get(name)
+        if task is None or task.done():
+            self.tasks[name] = asyncio.create_task(work())
+
+    async def _predict_all(self) -> None:
+        while self.unpredicted:
+            entry = self.unpredicted.popleft()
+            if time.time() < entry["t"] + self.horizon_s:
+                await self._predict(entry)
+            else:
+                entry["reason"] = STALE
+            row = await self._write(db.add_prediction, entry)
+            self._append(self.due, (entry, row))
+            self._run("observe", self._observe_all)
+
+    async def _predict(self, entry: dict[str, Any]) -> None:
+        new = {k: new for k, (_, new) in entry["changes"].items() if k in Knobs.model_fields}
         try:
-            result = await self.twins.live(new, self.horizon_s, version=change["version"] - 1)
+            result = await self.twins.live(new, self.horizon_s, version=entry["version"] - 1)
             entry["predicted"] = _slim(result)
         except (InvalidInput, EngineDead) as exc:
             entry["reason"] = f"no prediction: {exc}"
         except Exception as exc:  # a failed prediction is recorded and logged, never fatal
             log.exception("what-if scorecard: no prediction for version %s", entry["version"])
             entry["reason"] = f"no prediction: {type(exc).__name__}: {exc}"
-        row = await self._write(db.add_prediction, entry)
-        # asyncio's clock is monotonic and coarse: sleep again until the wall clock is there
-        while (left := applied_t + self.horizon_s - time.time()) > 0:
-            await asyncio.sleep(left)
+
+    async def _observe_all(self) -> None:
+        while self.due:
+            entry, row = self.due[0]
+            # asyncio's clock is monotonic and coarse: sleep again until the wall clock is there
+            while (left := entry["t"] + self.horizon_s - time.time()) > 0:
+                await asyncio.sleep(left)
+            self.due.popleft()
+            await self._observe(entry, row)
+
+    async def _observe(self, entry: dict[str, Any], row: Any) -> None:
+        applied_t = entry["t"]
         self.window.drain()
         observed = self.window.observe(applied_t, applied_t + self.horizon_s)
         during = [e for e in self.entries if applied_t < e["t"] <= applied_t + self.horizon_s]
@@ -84,6 +138,7 @@ class Scorecard:
         entry["observed_t"] = time.time()
         if row is not None:
             await self._write(db.add_observation, row, entry)
+        self.scored += 1
 
     async def _write(self, func: Any, *args: Any) -> Any:
         """A storage call off the event loop; a database error is logged (memory keeps it)."""

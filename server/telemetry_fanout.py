@@ -19,6 +19,11 @@ from engine.bus import Subscription, TelemetryBus
 Fields = tuple[str, ...] | None
 BATCH_S = 0.05
 BUS_BUFFER = 4096  # steps between two drains of the shared buffer before the bus drops any
+MAX_CLIENTS = 256  # websocket clients at once; each holds at most its `maxlen` steps
+
+
+class TooManyClients(Exception):
+    """MAX_CLIENTS are attached already."""
 
 
 def encode(record: dict[str, Any], fields: Fields, brief: dict[str, Any] | None) -> str:
@@ -100,7 +105,10 @@ class TelemetryFanout:
     def attach(
         self, every: int = 1, fields: Sequence[str] | None = None, bundle: bool = False
     ) -> ClientQueue:
-        """A new client's queue; `fields` as parse_query gives them (None: everything)."""
+        """A new client's queue; `fields` as parse_query gives them (None: everything).
+        TooManyClients when MAX_CLIENTS are attached."""
+        if len(self.clients) >= MAX_CLIENTS:
+            raise TooManyClients(f"{MAX_CLIENTS} telemetry clients are connected: try again later")
         key = None if fields is None else tuple(fields)
         recorder = self.brief is not None and (key is None or "recorder" in key)
         client = ClientQueue(self.maxlen, every, key, recorder, bundle)

@@ -32,15 +32,15 @@ class Twins:
         self.window = window
         self.store = store
         self.analysis = analysis
-        self._lock = asyncio.Lock()  # simulations share the CPU with the engine: one at a time
+        self.lock = asyncio.Lock()  # simulations share the CPU with the engine: one at a time
 
     async def recorded(
         self, session_id: str, changes: dict[str, Any], horizon_s: float
     ) -> dict[str, Any]:
         """Twin.compare on a recorded session (SessionNotFound, InvalidInput as raised)."""
         assert self.store is not None
-        recording = await asyncio.to_thread(q.recording, self.store, session_id)
-        async with self._lock:
+        async with self.lock:  # read under the lock: callers waiting in line hold no copy
+            recording = await asyncio.to_thread(q.recording, self.store, session_id)
             run = self.analysis.submit(_recorded, session_id, recording, changes, horizon_s)
             return await asyncio.wrap_future(run)
 
@@ -50,17 +50,17 @@ class Twins:
         """Twin.compare from the live engine as it stands, with the approximations made; the
         current side under the knobs in force at `version` (default: now). Raises InvalidInput
         (`source`) with too few steps, EngineDead when the engine is gone."""
-        self.window.drain()
-        routing = self.window.routing()
-        # only the changes after `version` are undone to reach its knobs
-        since = self.engine_loop.engine.applied_knobs_version if version is None else version
-        snapshot = await asyncio.wrap_future(self.engine_loop.snapshot(since))
-        recent = list(self.window.records)
-        window_s = arrival_window(snapshot.t - self.window.started_t)
-        config = engine_description(self.engine_loop)
-        rows = stack(self.window.fit_rows.rows())
-        args = (config, routing, rows, recent, snapshot, window_s, changes, horizon_s, version)
-        async with self._lock:
+        async with self.lock:  # copied under the lock: callers waiting in line hold no copy
+            self.window.drain()
+            routing = self.window.routing()
+            # only the changes after `version` are undone to reach its knobs
+            since = self.engine_loop.engine.applied_knobs_version if version is None else version
+            snapshot = await asyncio.wrap_future(self.engine_loop.snapshot(since))
+            recent = list(self.window.records)
+            window_s = arrival_window(snapshot.t - self.window.started_t)
+            config = engine_description(self.engine_loop)
+            rows = stack(self.window.fit_rows.rows())
+            args = (config, routing, rows, recent, snapshot, window_s, changes, horizon_s, version)
             return await asyncio.wrap_future(self.analysis.submit(_live, *args))
 
 

@@ -25,6 +25,8 @@ def shape_of(row: np.ndarray) -> tuple[int, ...]:
 class FitRows:
     """Fed every step in order (`add`); `rows` gives what `cost_model.fit_rows` fits, stacked."""
 
+    LIMIT = RECENT + PER_SHAPE * MAX_SHAPES  # rows kept at most
+
     def __init__(self, knobs: dict[str, Any]) -> None:
         self.knobs = dict(knobs)  # in force at the last step added
         self.prev: dict[str, Any] | None = None
@@ -56,6 +58,9 @@ class FitRows:
         self.older[shape] = kept  # dicts keep insertion order: the least recently seen first
         if len(self.older) > MAX_SHAPES:
             del self.older[next(iter(self.older))]
+
+    def __len__(self) -> int:
+        return len(self.recent) + sum(len(kept) for kept in self.older.values())
 
     def rows(self) -> list[np.ndarray]:
         """The older shapes' rows, then the recent ones: a copy cheap enough for the event
