@@ -7,7 +7,6 @@ operation) and applies its choice through `update_knobs(origin="autopilot", reas
 import asyncio
 import contextlib
 import functools
-import os
 import pickle
 import threading
 import time
@@ -34,19 +33,9 @@ from tuning.twin.live import arrival_window, stretched_horizon, twin_from_live
 from tuning.twin.tune import Trial, evaluate
 from tuning.twin.whatif import Twin
 
-# the twin's thread yields the cores to the engine; at 19 it waited tens of seconds for its
-# first check whenever the engine's threads and another process kept both cores busy
-NICE = 10
-
 # the origin of the SLO autopilot's own changes (server.autopilot_runner): a person's change
 # sent under it would neither pause the autopilot nor be drawn as a person's
 AUTOPILOT_ORIGIN = "autopilot"
-
-
-def _low_priority() -> None:
-    """Renice the calling thread (Linux renices one thread by its id); elsewhere leave it."""
-    with contextlib.suppress(AttributeError, OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
 
 
 class AutopilotRunner:
@@ -65,7 +54,10 @@ class AutopilotRunner:
         self.window = window
         self.pilot = Autopilot(settings)
         self._lock = threading.Lock()
-        self._executor = ThreadPoolExecutor(1, "autopilot", initializer=_low_priority)
+        # at normal priority: measuring and deciding are cheap, and a controller meant to act
+        # under overload must not be starved by it (niced, it made no tick while two other
+        # processes held both cores); the twin's simulations run niced in `analysis`
+        self._executor = ThreadPoolExecutor(1, "autopilot")
         self._analysis = analysis
         self.cpu_s = 0.0  # the worker's and the analysis process's CPU time over every tick
         self.ticks = 0
