@@ -21,7 +21,7 @@ from api.protocol import (
 )
 from engine.errors import InvalidInput
 from engine.loop import EngineDead, EngineLoop
-from engine.outputs import RequestOutput
+from engine.outputs import RequestDelta, RequestOutput
 from engine.sampling_params import SamplingParams
 from server.settings import ServerSettings
 from server.state import state_of
@@ -33,26 +33,26 @@ COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat runs to
 
 
 class Job:
-    """The engine requests behind one API call; outputs arrive on an asyncio queue."""
+    """The engine requests behind one API call; their deltas arrive on an asyncio queue."""
 
     def __init__(self, engine_loop: EngineLoop, stream: bool) -> None:
         self.engine_loop = engine_loop
         self.stream = stream
         self.aloop = asyncio.get_running_loop()
-        self.queue: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
+        self.queue: asyncio.Queue[tuple[int, RequestDelta]] = asyncio.Queue()
         self.ids: list[str] = []
         self.prompt_lens: list[int] = []
-        self.last: dict[int, RequestOutput] = {}
+        self.outputs: dict[int, RequestOutput] = {}  # whole outputs of the finished requests
         self.done: set[int] = set()
         self.started = time.time()
 
     def callback(self, index: int) -> Any:
-        def on_output(out: RequestOutput) -> None:
-            if not (self.stream or out.finished or out.error):
-                return  # a whole reply needs only the last output, which holds every token
+        def on_output(delta: RequestDelta) -> None:
+            if not (self.stream or delta.finished or delta.error):
+                return  # a whole reply needs only the last delta, which holds the whole output
             # a closed event loop raises RuntimeError: nobody is waiting any more
             with contextlib.suppress(RuntimeError):
-                self.aloop.call_soon_threadsafe(self.queue.put_nowait, (index, out))
+                self.aloop.call_soon_threadsafe(self.queue.put_nowait, (index, delta))
 
         return on_output
 
@@ -60,8 +60,8 @@ class Job:
     def pending(self) -> bool:
         return len(self.done) < len(self.ids)
 
-    async def next(self) -> tuple[int, RequestOutput]:
-        """The next output; raises EngineDead if the loop dies."""
+    async def next(self) -> tuple[int, RequestDelta]:
+        """The next delta; raises EngineDead if the loop dies."""
         while True:
             try:
                 item = self.queue.get_nowait()
@@ -72,13 +72,14 @@ class Job:
                     if not self.engine_loop.alive:
                         raise EngineDead(self.engine_loop.error or "engine loop stopped") from None
                     continue
-            index, out = item
-            if out.error:
-                raise EngineDead(out.error)
-            self.last[index] = out
-            if out.finished:
+            index, delta = item
+            if delta.error:
+                raise EngineDead(delta.error)
+            if delta.output is not None:
+                self.outputs[index] = delta.output
+            if delta.finished:
                 self.done.add(index)
-            return index, out
+            return index, delta
 
     def close(self) -> None:
         """Abort whatever has not finished (client gone or error)."""
@@ -89,7 +90,7 @@ class Job:
 
     def usage(self) -> dict[str, int]:
         prompt = sum(self.prompt_lens)
-        completion = sum(len(o.token_ids) for o in self.last.values())
+        completion = sum(len(o.token_ids) for o in self.outputs.values())
         return {
             "prompt_tokens": prompt,
             "completion_tokens": completion,
@@ -179,7 +180,9 @@ async def _start(
     job = Job(engine_loop, bool(body.stream))
     try:
         for index, ids in enumerate(ids_list):
-            job.ids.append(engine_loop.submit(ids, params, job.callback(index)))
+            job.ids.append(
+                engine_loop.submit(ids, params, job.callback(index), stream_text=job.stream)
+            )
             job.prompt_lens.append(len(ids))
     except InvalidInput as exc:
         job.close()
@@ -191,7 +194,7 @@ async def _start(
     return job
 
 
-def _finish_reason(out: RequestOutput) -> str | None:
+def _finish_reason(out: RequestDelta | RequestOutput) -> str | None:
     if not out.finished:
         return None
     return "length" if out.finish_reason == "length" else "stop"
@@ -233,27 +236,29 @@ async def _stream(
     job: Job, head: dict[str, Any], chat: bool, include_usage: bool
 ) -> AsyncIterator[str]:
     """One SSE chunk per generated token (text may be empty while it is held back)."""
-    sent = dict.fromkeys(range(len(job.ids)), 0)
     usage: dict[str, Any] = {"usage": None} if include_usage else {}
     try:
         if chat:
-            delta = {"role": "assistant", "content": ""}
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+            role = {"role": "assistant", "content": ""}
+            choice = {"index": 0, "delta": role, "logprobs": None, "finish_reason": None}
             yield _sse({**head, "choices": [choice], **usage})
         while job.pending:
-            index, out = await job.next()
-            text = out.text[sent[index] :]
-            sent[index] = len(out.text)
-            reason = _finish_reason(out)
+            index, delta = await job.next()
+            reason = _finish_reason(delta)
             if chat:
                 choice = {
                     "index": index,
-                    "delta": {"content": text},
+                    "delta": {"content": delta.text},
                     "logprobs": None,
                     "finish_reason": reason,
                 }
             else:
-                choice = {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
+                choice = {
+                    "index": index,
+                    "text": delta.text,
+                    "logprobs": None,
+                    "finish_reason": reason,
+                }
             yield _sse({**head, "choices": [choice], **usage})
         if include_usage:
             yield _sse({**head, "choices": [], "usage": job.usage()})
@@ -288,7 +293,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     await _collect(job, request)
     choices = [
         {"index": i, "text": out.text, "logprobs": None, "finish_reason": _finish_reason(out)}
-        for i, out in sorted(job.last.items())
+        for i, out in sorted(job.outputs.items())
     ]
     return JSONResponse({**head, "choices": choices, "usage": job.usage()})
 
@@ -310,7 +315,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         head["object"] = "chat.completion.chunk"
         return _streaming_response(_stream(job, head, True, body.include_usage))
     await _collect(job, request)
-    out = job.last[0]
+    out = job.outputs[0]
     choice = {
         "index": 0,
         "message": {"role": "assistant", "content": out.text},

@@ -3,7 +3,7 @@
 from engine.config import CacheConfig, EngineConfig, Knobs, ModelConfig, engine_config
 from engine.engine import LLMEngine, StepResult
 from engine.llm import LLM
-from engine.outputs import RequestOutput
+from engine.outputs import RequestDelta, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.telemetry import StepTelemetry
 
@@ -14,6 +14,7 @@ __all__ = [
     "Knobs",
     "LLMEngine",
     "ModelConfig",
+    "RequestDelta",
     "RequestOutput",
     "SamplingParams",
     "StepResult",

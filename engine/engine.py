@@ -18,7 +18,7 @@ from engine.gc_heap import freeze_heap
 from engine.knob_versions import KnobVersions
 from engine.knobs import Knobs, validate_knobs
 from engine.kv_cache import BlockManager
-from engine.outputs import RequestOutput
+from engine.outputs import RequestDelta, RequestOutput
 from engine.request import Request, Status, auto_request_id
 from engine.runner import ForwardResult
 from engine.sampling import Sampler
@@ -38,9 +38,10 @@ from engine.threads import ThreadGovernor
 
 @dataclass
 class StepResult:
-    """Outputs of the requests that sampled a token, the step's record, and the end records
-    of the requests that finished in it."""
+    """A delta for every request that sampled a token, the whole output of each request that
+    finished, the step's record, and the end records of the requests that finished in it."""
 
+    deltas: list[RequestDelta]
     outputs: list[RequestOutput]
     telemetry: StepTelemetry
     ended: list[RequestRecord]
@@ -118,9 +119,13 @@ class LLMEngine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         arrival: float | None = None,
+        stream_text: bool = False,
     ) -> str:
-        """Queue a request; raises InvalidInput naming the field before any state changes."""
-        req = self.make_request(prompt, params or SamplingParams(), request_id, arrival)
+        """Queue a request; raises InvalidInput naming the field before any state changes.
+        With `stream_text`, its deltas carry text as it settles, else all of it at the end."""
+        req = self.make_request(
+            prompt, params or SamplingParams(), request_id, arrival, stream_text
+        )
         self.add(req)
         return req.request_id
 
@@ -130,6 +135,7 @@ class LLMEngine:
         params: SamplingParams,
         request_id: str | None = None,
         arrival: float | None = None,
+        stream_text: bool = False,
     ) -> Request:
         """Tokenize and validate a request without queueing it (callable from any thread);
         raises InvalidInput naming the field. No id picks an automatic `req-N`."""
@@ -143,7 +149,8 @@ class LLMEngine:
             )
         ids = self._prompt_ids(prompt)
         self._check_fits(len(ids), params.max_tokens)
-        return Request(ids, params, request_id, time.time() if arrival is None else arrival)
+        arrival = time.time() if arrival is None else arrival
+        return Request(ids, params, request_id, arrival, stream_text=stream_text)
 
     def add(self, req: Request) -> None:
         """Queue a request from `make_request`, checking only what may have changed since."""
@@ -341,7 +348,7 @@ class LLMEngine:
         self.runner.swap(sched)
         result: ForwardResult | None = None
         t2 = t3 = t4 = t1
-        outputs: list[RequestOutput] = []
+        deltas: list[RequestDelta] = []
         finished: list[Request] = []
         if sched.chunks:
             inp = self.runner.prepare(sched, self.knobs.expert_capacity_factor)
@@ -349,7 +356,7 @@ class LLMEngine:
             result = self.runner.forward(inp)
             t3 = time.perf_counter()
             self._loads.append(result.expert_counts)
-            outputs, finished = self._sample_and_update(sched, result)
+            deltas, finished = self._sample_and_update(sched, result)
             t4 = time.perf_counter()
         seconds = [t1 - t0, t2 - t1, t3 - t2, t4 - t3, time.perf_counter() - t0]
         arrived, self._arrived = self._arrived, 0
@@ -372,7 +379,8 @@ class LLMEngine:
         )
         self._since_rebalance += 1
         ended = [r.end_record(r.token_times[-1]) for r in finished]
-        return StepResult(outputs, telemetry, ended)
+        outputs = [d.output for d in deltas if d.output is not None]
+        return StepResult(deltas, outputs, telemetry, ended)
 
     def _ep_info(self) -> EPInfo:
         """Made each step: a rebalance replaces the placement."""
@@ -386,27 +394,45 @@ class LLMEngine:
 
     def _sample_and_update(
         self, sched: SchedulerOutput, result: ForwardResult
-    ) -> tuple[list[RequestOutput], list[Request]]:
+    ) -> tuple[list[RequestDelta], list[Request]]:
         sampling = [c.req for c in sched.chunks if c.sample]
         sampled = self.sampler.sample(
             result.logits, [r.request_id for r in sampling], [r.params for r in sampling]
         )
         self.scheduler.advance(sched)
         now = time.time()
-        outputs, finished = [], []
+        deltas, finished = [], []
         for req, token, lp in zip(sampling, sampled.token_ids, sampled.logprobs, strict=True):
             req.append_token(token, now)
             if lp is not None:
                 req.logprobs.append(lp)
             reason = self._finish_reason(req, token)
-            req.text.update(self.tokenizer, req.output_token_ids, final=reason is not None)
+            text = self._new_text(req, final=reason is not None)
             if req.text.stopped:
                 reason = "stop"
+            delta = RequestDelta(
+                req.request_id, [token], [now - req.arrival], text, reason is not None, reason
+            )
+            if lp is not None:
+                delta.logprobs = [lp]
             if reason:
                 self._end(req, reason)
                 finished.append(req)
-            outputs.append(self._output(req))
-        return outputs, finished
+                delta.output = self._output(req)
+            deltas.append(delta)
+        return deltas, finished
+
+    def _new_text(self, req: Request, final: bool) -> str:
+        """The text this step delivers: what settled since the last step when the request's
+        text is decoded every step; otherwise all of it, decoded once, at the end."""
+        if req.text_each_step:
+            before = len(req.text.shown)
+            req.text.update(self.tokenizer, req.output_token_ids, final)
+            return req.text.shown[before:]
+        if final:
+            req.text.update(self.tokenizer, req.output_token_ids, final)
+            return req.text.shown
+        return ""
 
     def _finish_reason(self, req: Request, token: int) -> str | None:
         p = req.params

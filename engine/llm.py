@@ -59,10 +59,9 @@ class LLM:
         with tqdm(total=len(ids), desc="generate", unit="req", disable=not use_tqdm) as bar:
             while self.engine.has_unfinished():
                 result = self.engine.step()
-                generated += len(result.outputs)
+                generated += len(result.deltas)
                 for out in result.outputs:
-                    if out.finished:
-                        done[out.request_id] = out
-                        bar.update(1)
+                    done[out.request_id] = out
+                    bar.update(1)
                 bar.set_postfix(tok_s=f"{generated / max(time.time() - now, 1e-9):.0f}")
         return [done[i] for i in ids]

@@ -13,14 +13,14 @@ from engine.bus import TelemetryBus
 from engine.engine import LLMEngine
 from engine.errors import InvalidInput
 from engine.knobs import Knobs
-from engine.outputs import RequestOutput
+from engine.outputs import RequestDelta, error_delta
 from engine.queue_snapshot import QueueSnapshot, queue_snapshot
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
-OutputCallback = Callable[[RequestOutput], None]
+OutputCallback = Callable[[RequestDelta], None]
 THREAD_NAME = "moescope-engine"
 
 
@@ -68,9 +68,10 @@ class EngineLoop:
     """Runs schedule -> forward -> sample -> publish on its own thread.
 
     Callers submit, abort and change knobs through a queue drained at each step boundary;
-    outputs go back through per-request callbacks and telemetry through the bus, so a slow
-    consumer never stalls a step. `requests` is a second bus with one `RequestRecord` per
-    request when it ends (finished, aborted or failed).
+    each step's deltas go back through per-request callbacks (the last one with the whole
+    output) and telemetry through the bus, so a slow consumer never stalls a step.
+    `requests` is a second bus with one `RequestRecord` per request when it ends (finished,
+    aborted or failed).
     """
 
     def __init__(self, engine: LLMEngine, idle_wait_s: float = 0.05) -> None:
@@ -168,14 +169,22 @@ class EngineLoop:
             return f"cmpl-{self.engine.session}-{self._ids}"
 
     def submit(
-        self, prompt: str | list[int], params: SamplingParams, on_output: OutputCallback
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        on_output: OutputCallback,
+        stream_text: bool = False,
     ) -> str:
         """Validate now (InvalidInput naming the field), queue for the next step; returns the id.
 
-        `on_output` is called on the engine thread with every new output; it must be quick.
+        `on_output` is called on the engine thread with every step's `RequestDelta`; it must
+        be quick. The last delta (`finished`) holds the whole `RequestOutput`. With
+        `stream_text`, deltas carry text as it settles; else all of it comes at the end.
         """
         self._check_alive()
-        req = self.engine.make_request(prompt, params, self._new_id(), time.time())
+        req = self.engine.make_request(
+            prompt, params, self._new_id(), time.time(), stream_text=stream_text
+        )
         self._inbox.put(_Add(req, on_output))
         return req.request_id
 
@@ -304,7 +313,7 @@ class EngineLoop:
         try:
             self.engine.add(item.req)
         except InvalidInput as exc:
-            _call(item.on_output, _error_output(item.req.request_id, str(exc)))
+            _call(item.on_output, error_delta(item.req.request_id, str(exc)))
             return
         self._streams[item.req.request_id] = item.on_output
 
@@ -338,8 +347,8 @@ class EngineLoop:
     def _step(self) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()
         result = self.engine.step()
-        for out in result.outputs:
-            self._deliver(out)
+        for delta in result.deltas:
+            self._deliver(delta)
         for record in result.ended:
             self.requests.publish(record.model_dump())
         if self.bus.num_subscribers:
@@ -349,14 +358,14 @@ class EngineLoop:
         self.busy_cpu_s += time.thread_time() - c0
         self.last_step_t = time.time()
 
-    def _deliver(self, out: RequestOutput) -> None:
-        on_output = self._streams.get(out.request_id)
+    def _deliver(self, delta: RequestDelta) -> None:
+        on_output = self._streams.get(delta.request_id)
         if on_output is None:
             return
-        if out.finished:
-            del self._streams[out.request_id]
-        if not _call(on_output, out) and not out.finished:
-            self._abort(out.request_id)
+        if delta.finished:
+            del self._streams[delta.request_id]
+        if not _call(on_output, delta) and not delta.finished:
+            self._abort(delta.request_id)
 
     def _fail_all(self, message: str) -> None:
         while True:
@@ -367,21 +376,21 @@ class EngineLoop:
             if isinstance(item, _KnobUpdate | _Rebalance | _Snapshot):
                 _settle(item.future, error=EngineDead(message))
             elif isinstance(item, _Add):
-                _call(item.on_output, _error_output(item.req.request_id, message))
+                _call(item.on_output, error_delta(item.req.request_id, message))
         for request_id, on_output in list(self._streams.items()):
-            _call(on_output, _error_output(request_id, message))
+            _call(on_output, error_delta(request_id, message))
             try:
                 self._abort(request_id, "error")
             except Exception:  # a broken engine must not keep the other clients waiting
                 log.exception("could not end %s", request_id)
 
 
-def _call(callback: OutputCallback, out: RequestOutput) -> bool:
+def _call(callback: OutputCallback, delta: RequestDelta) -> bool:
     """Run a consumer's callback; a failing one is logged, never fatal to the engine."""
     try:
-        callback(out)
+        callback(delta)
     except Exception:  # a broken consumer must not stop the engine
-        log.exception("output callback for %s failed", out.request_id)
+        log.exception("output callback for %s failed", delta.request_id)
         return False
     return True
 
@@ -397,7 +406,3 @@ def _settle(future: Future[Any], value: Any = None, error: BaseException | None 
             future.set_result(value)
     except InvalidStateError:
         pass
-
-
-def _error_output(request_id: str, message: str) -> RequestOutput:
-    return RequestOutput(request_id, [], [], "", True, "error", None, error=message)

@@ -1,4 +1,5 @@
-"""What the engine hands back for a request: tokens, text, finish reason and timings."""
+"""What the engine hands back for a request: each step's delta, and the whole output once at
+the end (tokens, text, finish reason and timings)."""
 
 from dataclasses import dataclass, field
 
@@ -22,3 +23,30 @@ class RequestOutput:
     @property
     def tpot_s(self) -> float | None:
         return tpot(self.token_times_s)
+
+
+@dataclass(slots=True)
+class RequestDelta:
+    """What one step added to a request: only what is new, so a step's cost does not grow with
+    a request's length. Concatenating a request's deltas gives its whole output's `token_ids`,
+    `token_times_s` (seconds since arrival), `text` and `logprobs`; the last delta
+    (`finished`) carries that whole output too.
+
+    Text arrives as it settles for requests made with `stream_text` or stop strings (empty
+    while held back); for the others it all comes with the last delta."""
+
+    request_id: str
+    token_ids: list[int]
+    token_times_s: list[float]
+    text: str
+    finished: bool = False
+    finish_reason: str | None = None
+    logprobs: list[dict[int, float]] | None = None
+    output: RequestOutput | None = None  # the whole output, on the last delta only
+    error: str | None = None
+
+
+def error_delta(request_id: str, message: str) -> RequestDelta:
+    """The last delta of a request that failed (its whole output holds no tokens)."""
+    output = RequestOutput(request_id, [], [], "", True, "error", None, error=message)
+    return RequestDelta(request_id, [], [], "", True, "error", output=output, error=message)

@@ -47,6 +47,7 @@ class Request:
     seq: int = field(default_factory=lambda: next(_ids))
     all_token_ids: list[int] = field(default_factory=list)
     text: OutputText = field(default_factory=OutputText)  # of the output tokens
+    stream_text: bool = False  # its deltas carry text as it settles, not all at the end
 
     def __post_init__(self) -> None:
         if not self.request_id:
@@ -58,6 +59,12 @@ class Request:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
         self.token_times.append(now)
+
+    @property
+    def text_each_step(self) -> bool:
+        """Whether its text is decoded every step: to stream it, or to find stop strings;
+        else it is decoded once, at the end."""
+        return self.stream_text or bool(self.params.stop)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -134,8 +134,8 @@ class Scheduler:
         partial = [r.num_computed_tokens % bs for r in self.running if r.num_computed_tokens % bs]
         return (self.blocks.num_used - len(partial)) * bs + sum(partial)
 
-    def _chunk_len(self, req: Request, budget: int) -> int:
-        if not req.in_prefill:
+    def _chunk_len(self, req: Request, budget: int, prefilling: bool) -> int:
+        if not prefilling:
             return 1 if budget >= 1 else 0
         return self._prefill_len(req.num_pending_tokens, budget)
 
@@ -181,28 +181,34 @@ class Scheduler:
             self._preempt(max(self.running, key=self.policy_key), out)
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
-        static_prefilling = self.batching == "static" and any(r.in_prefill for r in self.running)
-        order = sorted(self.running, key=lambda r: (r.in_prefill, self.policy_key(r)))
+        # whether each request prefills is worked out once: this runs for every running request
+        # every step, and a request's phase cannot change before its own turn
+        decodes: list[Request] = []
+        prefills: list[Request] = []
+        for req in self.running:
+            (prefills if req.in_prefill else decodes).append(req)
+        static_prefilling = self.batching == "static" and bool(prefills)
         scheduled: set[int] = set()
-        for req in order:
-            if req.status is not Status.RUNNING or len(scheduled) >= self.knobs.max_num_seqs:
+        for prefilling, group in ((False, decodes), (True, prefills)):
+            if static_prefilling and not prefilling:
                 continue
-            if static_prefilling and not req.in_prefill:
-                continue
-            n = self._chunk_len(req, budget)
-            if n == 0:
-                continue
-            if not self._make_room(req, n, scheduled, out):
-                continue
-            self._add_chunk(req, n, out)
-            scheduled.add(req.seq)
-            budget -= n
+            for req in sorted(group, key=self.policy_key):
+                if req.status is not Status.RUNNING or len(scheduled) >= self.knobs.max_num_seqs:
+                    continue
+                n = self._chunk_len(req, budget, prefilling)
+                if n == 0:
+                    continue
+                if not self._make_room(req, n, scheduled, out):
+                    continue
+                self._add_chunk(req, n, out, prefilling)
+                scheduled.add(req.seq)
+                budget -= n
         return budget
 
-    def _add_chunk(self, req: Request, n: int, out: SchedulerOutput) -> None:
+    def _add_chunk(self, req: Request, n: int, out: SchedulerOutput, prefilling: bool) -> None:
         self.blocks.allocate(req, n)
         slot = -1 if req.slot is None else req.slot
-        out.chunks.append(ScheduledChunk(req, req.num_computed_tokens, n, req.in_prefill, slot))
+        out.chunks.append(ScheduledChunk(req, req.num_computed_tokens, n, prefilling, slot))
 
     def _make_room(self, req: Request, n: int, scheduled: set[int], out: SchedulerOutput) -> bool:
         """Preempt lowest-priority unscheduled running requests until `req` can grow by n."""
@@ -237,14 +243,15 @@ class Scheduler:
     def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
         while self.swapped and len(self.running) < self.knobs.max_num_seqs:
             req = self.swapped[0]
-            n = self._chunk_len(req, budget)
+            prefilling = req.in_prefill
+            n = self._chunk_len(req, budget, prefilling)
             needed = max(len(req.host_blocks), self.blocks.blocks_for(req.num_computed_tokens + n))
             if n == 0 or needed > self.blocks.num_allocatable - self._watermark():
                 break
             self.swapped.popleft()
             out.swap_in.extend(self.blocks.swap_in(req))
             self._run(req)
-            self._add_chunk(req, n, out)
+            self._add_chunk(req, n, out, prefilling)
             budget -= n
         return budget
 
@@ -271,7 +278,7 @@ class Scheduler:
             self._run(req)
             self._ahead(out, req)
             if admission.tokens:
-                self._add_chunk(req, admission.tokens, out)
+                self._add_chunk(req, admission.tokens, out, req.in_prefill)
                 budget -= admission.tokens
             if static:
                 reserved += admission.cost - (before - self.blocks.num_allocatable)

@@ -13,7 +13,7 @@ from typing import Any
 
 from engine.errors import InvalidInput
 from engine.loop import EngineDead, EngineLoop
-from engine.outputs import RequestOutput
+from engine.outputs import RequestDelta
 from engine.sampling_params import SamplingParams
 from storage import Recorder
 from tuning.twin.trace import TraceItem
@@ -71,8 +71,8 @@ async def run_rerun(rerun: Rerun, engine_loop: EngineLoop, recorder: Recorder) -
         rerun.finished += 1
         settle()
 
-    def on_output(out: RequestOutput) -> None:
-        if out.finished:
+    def on_output(delta: RequestDelta) -> None:
+        if delta.finished:
             aloop.call_soon_threadsafe(finished_one)
 
     start = time.monotonic()

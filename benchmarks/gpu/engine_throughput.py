@@ -112,7 +112,7 @@ def run(backend: str, w: Workload) -> dict[str, Any]:
     while engine.has_unfinished():
         result = engine.step()
         steps += 1
-        tokens += len(result.outputs)
+        tokens += len(result.deltas)
         tel = result.telemetry
         if tel.batch.num_prefill_tokens == 0:
             decode_ms.append(tel.dur_ms.forward)

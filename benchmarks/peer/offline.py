@@ -21,7 +21,7 @@ from benchmarks.speed.offline_runners import (
     warm_ours,
     warm_workload,
 )
-from engine import LLMEngine, RequestOutput, SamplingParams
+from engine import LLMEngine, RequestDelta, RequestOutput, SamplingParams
 from engine.loop import EngineLoop
 
 
@@ -88,12 +88,11 @@ def submit_all(loop: EngineLoop, wl: Workload) -> int:
     ended: dict[str, RequestOutput] = {}
     done = threading.Event()
 
-    def on_output(out: RequestOutput) -> bool:
-        if out.finished:
-            ended[out.request_id] = out
+    def on_output(delta: RequestDelta) -> None:
+        if delta.output is not None:
+            ended[delta.request_id] = delta.output
             if len(ended) == len(wl):
                 done.set()
-        return True
 
     ids = [
         loop.submit(p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True), on_output)

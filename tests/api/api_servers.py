@@ -15,7 +15,7 @@ from api.app import create_app
 from api.launch import ServerThread, build_loop
 from engine import SamplingParams
 from engine.loop import EngineLoop
-from engine.outputs import RequestOutput
+from engine.outputs import RequestDelta
 from server.settings import ServerSettings
 from server.state import state_of
 from server.telemetry_fanout import ClientQueue
@@ -139,19 +139,19 @@ def traffic(
     n: int,
     max_tokens: int,
     prompt_len: int = 24,
-    on_output: Callable[[RequestOutput], None] | None = None,
+    on_output: Callable[[RequestDelta], None] | None = None,
 ) -> list[str]:
-    """Submit `n` requests straight to the loop (no HTTP); their outputs go to `on_output`
+    """Submit `n` requests straight to the loop (no HTTP); their deltas go to `on_output`
     (on the engine thread) when given. wait_idle waits for them all to finish."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     submitted = _submitted.setdefault(loop, _Submitted())
 
-    def done(out: RequestOutput) -> None:
+    def done(delta: RequestDelta) -> None:
         if on_output is not None:
-            on_output(out)
-        if out.finished:
+            on_output(delta)
+        if delta.finished:
             with submitted.lock:
-                submitted.unfinished.discard(out.request_id)
+                submitted.unfinished.discard(delta.request_id)
 
     ids = []
     with submitted.lock:  # an id is in `unfinished` before its last output can take it out

@@ -1,5 +1,6 @@
 """The telemetry bus and the engine loop's text handling, without a server."""
 
+import itertools
 import threading
 from collections.abc import Iterator
 
@@ -10,7 +11,7 @@ from engine import LLMEngine, SamplingParams
 from engine.bus import TelemetryBus
 from engine.errors import InvalidInput
 from engine.loop import EngineDead, EngineLoop
-from engine.outputs import RequestOutput
+from engine.outputs import RequestDelta, RequestOutput
 
 
 def test_bus_buffers_are_bounded_and_count_drops() -> None:
@@ -49,21 +50,31 @@ def loop() -> Iterator[EngineLoop]:
     lp.stop()
 
 
-def _run(
+def _deltas(
     loop: EngineLoop, prompt: list[int], stop: tuple[str, ...] = (), **params: object
-) -> list[RequestOutput]:
-    outs: list[RequestOutput] = []
+) -> list[RequestDelta]:
+    """Every delta of one greedy request that streams its text."""
+    deltas: list[RequestDelta] = []
     done = threading.Event()
 
-    def on_output(out: RequestOutput) -> None:
-        outs.append(out)
-        if out.finished:
+    def on_output(delta: RequestDelta) -> None:
+        deltas.append(delta)
+        if delta.finished:
             done.set()
 
     params = {"temperature": 0.0, "ignore_eos": True, "stop": stop, **params}
-    loop.submit(prompt, SamplingParams.model_validate(params), on_output)
+    loop.submit(prompt, SamplingParams.model_validate(params), on_output, stream_text=True)
     assert done.wait(TIMEOUT)
-    return outs
+    return deltas
+
+
+def _run(
+    loop: EngineLoop, prompt: list[int], stop: tuple[str, ...] = (), **params: object
+) -> RequestOutput:
+    """The whole output of one greedy request."""
+    output = _deltas(loop, prompt, stop, **params)[-1].output
+    assert output is not None
+    return output
 
 
 def _stop_inside(text: str) -> str:
@@ -71,28 +82,28 @@ def _stop_inside(text: str) -> str:
     return next(text[i : i + 3] for i in range(6, len(text) - 3) if "\ufffd" not in text[i : i + 3])
 
 
-def test_text_only_grows_and_stop_strings_cut_it(loop: EngineLoop) -> None:
-    outs = _run(loop, [256, 1, 2, 3], max_tokens=48)
-    texts = [o.text for o in outs]
-    assert all(b.startswith(a) for a, b in zip(texts, texts[1:], strict=False))
+def test_streamed_text_settles_and_stop_strings_cut_it(loop: EngineLoop) -> None:
+    deltas = _deltas(loop, [256, 1, 2, 3], max_tokens=48)
+    texts = list(itertools.accumulate(d.text for d in deltas))
+    assert sum(bool(d.text) for d in deltas) > 1  # it streams, not all at the end
     assert not any(t.endswith("\ufffd") for t in texts[:-1])
     full = texts[-1]
+    assert deltas[-1].output is not None and deltas[-1].output.text == full
     stop = _stop_inside(full)
-    cut = _run(loop, [256, 1, 2, 3], (stop,), max_tokens=48)
-    assert cut[-1].text == full[: full.index(stop)]
+    cut = _deltas(loop, [256, 1, 2, 3], (stop,), max_tokens=48)
+    assert "".join(d.text for d in cut) == full[: full.index(stop)]
     assert cut[-1].finish_reason == "stop" and cut[-1].finished
-    cut_texts = [o.text for o in cut]
-    assert all(b.startswith(a) for a, b in zip(cut_texts, cut_texts[1:], strict=False))
+    assert cut[-1].output is not None and cut[-1].output.text == full[: full.index(stop)]
     wait_for(lambda: not loop.engine.requests, what="the stopped request to end")
     assert loop.engine.blocks.num_used == 0
 
 
 def test_a_stop_string_finish_is_in_the_step_latencies(loop: EngineLoop) -> None:
-    full = _run(loop, [256, 1, 2, 3], max_tokens=48)[-1].text
+    full = _run(loop, [256, 1, 2, 3], max_tokens=48).text
     stop = _stop_inside(full)
     sub = loop.bus.subscribe()
     cut = _run(loop, [256, 1, 2, 3], (stop,), max_tokens=48)
-    assert cut[-1].finish_reason == "stop" and len(cut[-1].token_ids) < 48
+    assert cut.finish_reason == "stop" and len(cut.token_ids) < 48
     records: list[dict] = []
     wait_for(
         lambda: records.extend(sub.drain()[0]) or any(r["queue"]["finished"] for r in records),
@@ -123,9 +134,9 @@ def test_refused_requests_and_a_stopped_loop(loop: EngineLoop) -> None:
 def test_each_request_ends_in_one_record(loop: EngineLoop) -> None:
     """Finished, stopped-by-string and aborted requests each publish one RequestRecord."""
     sub = loop.requests.subscribe()
-    full = _run(loop, [256, 1, 2, 3], max_tokens=12)[-1]
-    stop = _stop_inside(_run(loop, [256, 1, 2, 3], max_tokens=48)[-1].text)
-    cut = _run(loop, [256, 1, 2, 3], (stop,), max_tokens=48)[-1]
+    full = _run(loop, [256, 1, 2, 3], max_tokens=12)
+    stop = _stop_inside(_run(loop, [256, 1, 2, 3], max_tokens=48).text)
+    cut = _run(loop, [256, 1, 2, 3], (stop,), max_tokens=48)
     held = threading.Event()
     aborted = loop.submit(
         [256, 5, 6], SamplingParams(max_tokens=400, ignore_eos=True), lambda _: held.set()
@@ -159,9 +170,9 @@ def test_a_loop_built_on_its_thread_steps_there() -> None:
     seen: list[threading.Thread] = []
     done = threading.Event()
 
-    def on_output(out: RequestOutput) -> None:
+    def on_output(delta: RequestDelta) -> None:
         seen.append(threading.current_thread())
-        if out.finished:
+        if delta.finished:
             done.set()
 
     loop.start()

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from api_servers import KV_BLOCKS, MODEL, TIMEOUT, Served, telemetry_ws, traffic, wait_idle
 
-from engine.outputs import RequestOutput
+from engine.outputs import RequestDelta
 
 
 @pytest.fixture
@@ -63,7 +63,7 @@ def test_patch_is_versioned_and_reflected_in_telemetry(
 
     monkeypatch.setattr(served.loop, "update_knobs", spy)
 
-    def hold(_: RequestOutput) -> None:
+    def hold(_: RequestDelta) -> None:
         """The engine waits in its first step (so the traffic is far from done) until the
         change is queued; it applies the change before its next step."""
         resume.wait(TIMEOUT)

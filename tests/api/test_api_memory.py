@@ -14,7 +14,7 @@ import pytest
 from api_servers import Served, serve, stop, traffic, wait_for
 
 from engine import knob_versions
-from engine.outputs import RequestOutput
+from engine.outputs import RequestDelta
 from server import scorecard
 from server.settings import ServerSettings
 from server.state import state_of
@@ -41,8 +41,8 @@ def busy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
     served = serve(settings, max_num_seqs=8)
     ending = threading.Event()
 
-    def refill(out: RequestOutput) -> None:
-        if out.finished and not ending.is_set():
+    def refill(delta: RequestDelta) -> None:
+        if delta.finished and not ending.is_set():
             traffic(served.loop, 1, 32, on_output=refill)
 
     traffic(served.loop, 8, 32, on_output=refill)  # together first: the twin sees a long prefill

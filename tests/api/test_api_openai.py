@@ -10,7 +10,7 @@ from api_servers import MODEL, Served, wait_for
 from api.openai_routes import Job
 from engine import SamplingParams
 from engine.loop import EngineLoop
-from engine.outputs import RequestOutput
+from engine.outputs import RequestDelta, RequestOutput
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +126,7 @@ def test_stop_token_ids_and_token_prompts(client: openai.OpenAI, served: Served)
     served.loop.submit(
         prompt,
         SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True),
-        lambda out: out.finished and done.append(out),
+        lambda delta: delta.output is not None and done.append(delta.output),
     )
     wait_for(lambda: bool(done), what="the direct request")
     ids = done[0].token_ids
@@ -157,21 +157,24 @@ def test_several_prompts_give_one_choice_each(client: openai.OpenAI) -> None:
 
 @pytest.mark.parametrize(("stream", "handed"), [(False, [3]), (True, [1, 2, 3])])
 def test_a_whole_reply_is_handed_only_its_last_output(stream: bool, handed: list[int]) -> None:
-    """The engine thread calls back with every output; a reply sent whole needs only the last
-    (it holds every token), so the others never wake the event loop. A stream gets each."""
+    """The engine thread calls back with every step's delta; a reply sent whole needs only the
+    last (it holds the whole output), so the others never wake the event loop. A stream gets
+    each."""
 
     async def outputs() -> list[int]:
         job = Job(cast(EngineLoop, None), stream)  # the loop is asked only if nothing comes
         job.ids.append("r")
         on_output = job.callback(0)
+        whole = RequestOutput("r", [1], [1, 2, 3], "", True, "length", 0.1)
         sent = [
-            RequestOutput("r", [1], list(range(n)), "", n == 3, "length" if n == 3 else None, 0.1)
+            RequestDelta("r", [n], [0.1 * n], "", n == 3, None, output=whole if n == 3 else None)
             for n in (1, 2, 3)
         ]
-        await asyncio.to_thread(lambda: [on_output(out) for out in sent])
+        await asyncio.to_thread(lambda: [on_output(delta) for delta in sent])
         got = []
         while job.pending:
-            got.append(len((await job.next())[1].token_ids))
+            got.extend((await job.next())[1].token_ids)
+        assert job.outputs == {0: whole}
         return got
 
     assert asyncio.run(outputs()) == handed

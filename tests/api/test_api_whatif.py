@@ -16,7 +16,7 @@ import stats
 from cli.main import main
 from engine import SamplingParams
 from engine.loop import EngineLoop
-from engine.outputs import RequestOutput
+from engine.outputs import RequestDelta, RequestOutput
 from server.settings import ServerSettings
 from storage import Store
 from storage import queries as q
@@ -59,15 +59,15 @@ class Databases:
 
 def submit(loop: EngineLoop, n: int, max_tokens: int) -> list["Future[RequestOutput]"]:
     """`n` greedy requests of distinct 24-token prompts, straight to the loop; each future gives
-    the request's last output."""
+    the request's whole output."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     futures: list[Future[RequestOutput]] = []
     for i in range(n):
         future: Future[RequestOutput] = Future()
 
-        def on_output(out: RequestOutput, future: "Future[RequestOutput]" = future) -> None:
-            if out.finished:
-                future.set_result(out)
+        def on_output(delta: RequestDelta, future: "Future[RequestOutput]" = future) -> None:
+            if delta.output is not None:
+                future.set_result(delta.output)
 
         loop.submit([256, *range(1 + i, 24 + i)], params, on_output)
         futures.append(future)

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import LLMEngine, RequestOutput, SamplingParams, StepTelemetry
+from engine import LLMEngine, RequestDelta, RequestOutput, SamplingParams, StepTelemetry
 from engine.errors import InvalidInput
 from engine.request import Request, Status
 
@@ -84,6 +84,7 @@ class Workload:
         self.ids: list[str] = []
         self.aborted: set[str] = set()
         self.finished: dict[str, RequestOutput] = {}
+        self.streamed: dict[str, list[int]] = {}  # each request's tokens from its deltas
         self.version = 1
         self.accepted = self.engine.knobs.model_dump()  # the last accepted knob values
         self.tokens = 0
@@ -136,6 +137,7 @@ class Workload:
         result = self.engine.step()
         self.check_telemetry(result.telemetry)
         self.check_blocks()
+        self.check_deltas(result.deltas)
         self.check_outputs(result.outputs)
         assert result.telemetry.queue.finished == sum(o.finished for o in result.outputs)
         self.preempted += result.telemetry.queue.preempted
@@ -199,6 +201,18 @@ class Workload:
         for req in sch.swapped:
             assert req.status is Status.SWAPPED and not req.block_table
         assert sorted(host + list(blocks.host_free)) == list(range(self.num_host_blocks))
+
+    def check_deltas(self, deltas: list[RequestDelta]) -> None:
+        """One new token per sampling request; the last delta holds the whole output, whose
+        tokens are those of every delta (preemption and swapping never repeat one)."""
+        for d in deltas:
+            assert d.request_id not in self.finished and d.request_id not in self.aborted
+            assert len(d.token_ids) == len(d.token_times_s) == 1
+            self.streamed.setdefault(d.request_id, []).extend(d.token_ids)
+            assert d.finished == (d.output is not None)
+            if d.output is not None:
+                assert d.output.token_ids == self.streamed[d.request_id]
+                assert d.output.token_times_s[-1] == d.token_times_s[0]
 
     def check_outputs(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:

@@ -15,7 +15,7 @@ from sqlalchemy import create_engine
 from engine import SamplingParams
 from engine.bus import TelemetryBus
 from engine.loop import EngineLoop
-from engine.outputs import RequestOutput
+from engine.outputs import RequestDelta
 from engine.telemetry import RequestRecord, StepTelemetry
 from storage import Recorder, Store
 from storage.models import Base
@@ -159,8 +159,8 @@ def run_requests(loop: EngineLoop, n: int, max_tokens: int, timeout: float = TIM
     """Submit `n` greedy requests straight to the loop and wait until all have finished."""
     done = threading.Semaphore(0)
 
-    def on_output(out: RequestOutput) -> None:
-        if out.finished:
+    def on_output(delta: RequestDelta) -> None:
+        if delta.finished:
             done.release()
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
