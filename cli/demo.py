@@ -1,4 +1,4 @@
-"""`moescope demo`: the server on synthetic:small (recording on, 4 expert-parallel ranks
+"""`moescope demo`: the server on the demo model (recording on, 4 expert-parallel ranks
 modeled, or `--ep N` real ones), a moderate load running against it, and the dashboard.
 
 Each child runs in its own process group, so stopping one stops what it started (streamlit,
@@ -18,7 +18,9 @@ from typing import NoReturn
 
 import httpx
 
-MODEL = "synthetic:small"
+# the small MoE trained on the standard library (models/train_demo.py): its experts route
+# real text, so the expert views show structure rather than noise
+MODEL = "demo"
 HOST = "127.0.0.1"
 CLI = [sys.executable, "-m", "cli.main"]
 

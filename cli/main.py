@@ -213,7 +213,9 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible server with live telemetry and knobs")
-    p.add_argument("--model", default="synthetic:small", help="synthetic:<preset> or a directory")
+    p.add_argument(
+        "--model", default="synthetic:small", help="synthetic:<preset>, demo or a directory"
+    )
     p.add_argument("--served-model-name", default=None, help="name in /v1/models (--model)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=port, default=8000)
@@ -338,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     load = sub.add_parser("load", help="open-loop load generator (OpenAI API)")
     add_load_arguments(load)
     load.set_defaults(func=cmd_load)
-    demo = sub.add_parser("demo", help="server on synthetic:small with a load running against it")
+    demo = sub.add_parser("demo", help="server on the demo model with a load running against it")
     demo.add_argument("--port", type=port, default=8000)
     demo.add_argument("--rate", type=positive, default=3.0, help="requests per second")
     demo.add_argument(

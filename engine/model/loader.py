@@ -62,18 +62,28 @@ FAMILIES: dict[str, Family] = {
 
 MAX_ROPE_TABLE = 32768
 
+# `demo` names the small MoE that models/train_demo.py trains on the standard library; it
+# ships in the repository (models/demo/), next to the engine package
+DEMO_MODEL = Path(__file__).resolve().parents[2] / "models" / "demo"
+
+
+def resolve_model_path(name: str) -> Path:
+    """The checkpoint directory that model `name` (`demo` or a path) stands for."""
+    return DEMO_MODEL if name == "demo" else Path(name)
+
 
 def load_model(
     name: str, dtype: torch.dtype, device: str, seed: int = 0, router_skew: float | None = None
 ) -> tuple[MoETransformer, Tokenizer]:
-    """`synthetic:<preset>` or a path to a Hugging Face checkpoint directory."""
+    """`synthetic:<preset>`, `demo` or a path to a Hugging Face checkpoint directory."""
     if name.startswith("synthetic:"):
         return _synthetic(name.removeprefix("synthetic:"), dtype, device, seed, router_skew)
-    path = Path(name)
+    path = resolve_model_path(name)
     if not (path / "config.json").is_file():
         presets = ", ".join(f"synthetic:{p}" for p in SYNTHETIC_PRESETS)
         raise ValueError(
-            f"unknown model {name!r}: expected one of {presets} or a directory with config.json"
+            f"unknown model {name!r}: expected one of {presets}, demo "
+            "or a directory with config.json"
         )
     cfg = model_config_from_hf(_read_config(path))
     model = MoETransformer(cfg)
