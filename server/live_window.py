@@ -76,19 +76,6 @@ class LiveWindow(BusReader):
         self.started_t = time.time()
         self.change_hooks: list[KnobChangeHook] = []
 
-    def sizes(self) -> dict[str, dict[str, int]]:
-        """Each bounded structure's length and limit (for /api/status)."""
-        return {
-            "window_routed_steps": {"size": len(self.routed), "limit": FIT_STEPS},
-            "window_counted_steps": {"size": len(self.counts), "limit": MAX_COUNTS},
-            "window_ended_requests": {"size": len(self.records), "limit": MAX_RECORDS},
-            "window_attributable_steps": {
-                "size": len(self.attributable),
-                "limit": ATTRIBUTION_STEPS,
-            },
-            "twin_fit_rows": {"size": len(self.fit_rows), "limit": FitRows.LIMIT},
-        }
-
     def subscribe(self) -> None:
         """Start listening (before the engine starts, so that no step is missed)."""
         super().subscribe()

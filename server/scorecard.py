@@ -45,10 +45,9 @@ class Scorecard:
         self.session = session
         self.horizon_s = horizon_s
         self.entries: deque[dict[str, Any]] = deque(maxlen=KEEP)
-        self.unpredicted: deque[dict[str, Any]] = deque()
-        self.due: deque[tuple[dict[str, Any], Any]] = deque()  # (entry, its database row)
-        self.dropped = 0
-        self.scored = 0  # entries observed (the count a caller can wait on)
+        self.unpredicted: deque[dict[str, Any]] = deque(maxlen=KEEP)
+        self.due: deque[tuple[dict[str, Any], Any]] = deque(maxlen=KEEP)  # (entry, its row)
+        self.dropped = 0  # changes that fell out of a queue before they were scored
         self.tasks: dict[str, asyncio.Task[None]] = {}
 
     def watch(self, change: dict[str, Any], applied_t: float) -> None:
@@ -70,23 +69,14 @@ class Scorecard:
         self._append(self.unpredicted, entry)
         self._run("predict", self._predict_all)
 
-    def sizes(self) -> dict[str, dict[str, int]]:
-        """Each bounded structure's length and limit (for /api/status)."""
-        return {
-            "scorecard_entries": {"size": len(self.entries), "limit": KEEP},
-            "scorecard_unpredicted": {"size": len(self.unpredicted), "limit": KEEP},
-            "scorecard_due": {"size": len(self.due), "limit": KEEP},
-        }
-
     async def close(self) -> None:
         for task in list(self.tasks.values()):
             task.cancel()
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
 
     def _append(self, queue: deque[Any], item: Any) -> None:
-        if len(queue) >= KEEP:
-            queue.popleft()
-            self.dropped += 1
+        if len(queue) == queue.maxlen:
+            self.dropped += 1  # append lets the oldest go
         queue.append(item)
 
     def _run(self, name: str, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -138,7 +128,6 @@ class Scorecard:
         entry["observed_t"] = time.time()
         if row is not None:
             await self._write(db.add_observation, row, entry)
-        self.scored += 1
 
     async def _write(self, func: Any, *args: Any) -> Any:
         """A storage call off the event loop; a database error is logged (memory keeps it)."""

@@ -1,5 +1,6 @@
-"""The services one server process runs, held in one typed object on `state_of(app).server`."""
+"""The services one server process runs, held in one typed object on `app.state.server`."""
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,7 @@ from server.telemetry_fanout import MAX_CLIENTS as MAX_TELEMETRY_CLIENTS
 from server.telemetry_fanout import TelemetryFanout
 from server.twins import Twins
 from storage import Recorder, Store
+from tuning.twin.fit_rows import FitRows
 
 
 @dataclass
@@ -34,13 +36,23 @@ class ServerState:
     def sizes(self) -> dict[str, dict[str, int]]:
         """Every structure that grows with steps, requests, knob changes or connections: its
         length now and the limit it never passes (older entries go; the database keeps them)."""
+        window, card, pilot = self.window, self.scorecard, self.autopilot.pilot
+        bounded: dict[str, deque[Any]] = {
+            "window_routed_steps": window.routed,
+            "window_counted_steps": window.counts,
+            "window_ended_requests": window.records,
+            "window_attributable_steps": window.attributable,
+            "scorecard_entries": card.entries,
+            "scorecard_unpredicted": card.unpredicted,
+            "scorecard_due": card.due,
+            "knob_history": self.engine_loop.engine.knob_versions.history,
+            "autopilot_decisions": pilot.decisions,
+            "autopilot_history": pilot.history,
+        }
         fanout = self.telemetry_fanout  # made by the first client
-        history = self.engine_loop.engine.knob_versions.history
         return {
-            **self.window.sizes(),
-            **self.scorecard.sizes(),
-            "knob_history": {"size": len(history), "limit": history.maxlen or 0},
-            **self.autopilot.pilot.sizes(),
+            **{name: {"size": len(q), "limit": q.maxlen or 0} for name, q in bounded.items()},
+            "twin_fit_rows": {"size": len(window.fit_rows), "limit": FitRows.LIMIT},
             "telemetry_clients": {
                 "size": len(fanout.clients) if fanout is not None else 0,
                 "limit": MAX_TELEMETRY_CLIENTS,

@@ -638,13 +638,6 @@ class Autopilot:
         the change decided is not applied, nor on trial."""
         self.change_on_trial = None
 
-    def sizes(self) -> dict[str, dict[str, int]]:
-        """Each bounded structure's length and limit (for /api/status)."""
-        return {
-            "autopilot_decisions": {"size": len(self.decisions), "limit": DECISIONS},
-            "autopilot_history": {"size": len(self.history), "limit": HISTORY},
-        }
-
     def status(self, history: int = HISTORY) -> dict[str, Any]:
         """State, note, decisions newest first, and the last `history` measurements."""
         last = self.decisions[-1] if self.decisions else None
