@@ -109,6 +109,8 @@ async def side_traffic(url: str, until: float, change_s: float, counts: Counts) 
         async def hang_up(i: int) -> None:
             body = {"model": MODEL, "prompt": f"hang up {i}", "max_tokens": 64, "stream": True}
             async with client.stream("POST", "/v1/completions", json=body) as resp:
+                if resp.status_code != 200:
+                    counts.wrong.append(f"hang-up {i}: {resp.status_code}")
                 async for _ in resp.aiter_lines():
                     break  # the first chunk, then the client is gone
             counts.hangups += 1
@@ -204,9 +206,8 @@ def _idle_status(url: str, timeout_s: float = 120.0) -> dict[str, Any]:
     while True:
         status: dict[str, Any] = httpx.get(url + "/api/status", timeout=30).json()
         queue = status["queue"]
-        if not (queue["running"] or queue["waiting"] or queue["swapped"]):
-            return status
-        if time.monotonic() > deadline:
+        busy = queue["running"] or queue["waiting"] or queue["swapped"]
+        if not busy or time.monotonic() > deadline:
             return status
         time.sleep(0.5)
 
