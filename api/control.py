@@ -43,6 +43,8 @@ def live_knob_schema(engine_loop: EngineLoop) -> dict[str, dict[str, Any]]:
 
 @router.get("/api/status")
 async def status(request: Request) -> dict[str, Any]:
+    """Configs, knobs and versions, queue and KV summary, expert parallel, limits, recorder, loop
+    health, bounded structures' sizes."""
     state = state_of(request.app)
     engine_loop, settings, recorder = state.engine_loop, state.settings, state.recorder
     max_len = engine_loop.engine.model_config.max_model_len
@@ -70,6 +72,7 @@ async def status(request: Request) -> dict[str, Any]:
 
 @router.get("/api/knobs")
 async def get_knobs(request: Request) -> dict[str, Any]:
+    """The knobs, their version and applied version, and each knob's schema."""
     engine_loop: EngineLoop = state_of(request.app).engine_loop
     s = engine_loop.summary()
     return {

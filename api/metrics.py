@@ -13,6 +13,7 @@ router = APIRouter()
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
+    """Prometheus text."""
     m: Metrics | None = state_of(request.app).metrics
     if m is None:
         raise APIError(404, "metrics are off (server started with --no-metrics)")

@@ -279,6 +279,7 @@ def _streaming_response(chunks: AsyncIterator[str]) -> StreamingResponse:
 
 @router.post("/v1/completions", response_model=None)
 async def completions(body: CompletionRequest, request: Request) -> Any:
+    """OpenAI-compatible completion, whole or streamed (SSE)."""
     prompts = body.prompts()
     max_tokens = COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     job = await _start(request, body, prompts, max_tokens, "prompt")
@@ -300,6 +301,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+    """OpenAI-compatible chat completion, whole or streamed (SSE)."""
     tokens_field = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
     max_tokens = getattr(body, tokens_field)
     job = await _start(
@@ -327,6 +329,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
 
 @router.get("/v1/models")
 async def models(request: Request) -> dict[str, Any]:
+    """The served model."""
     engine_loop, settings = _state(request)
     return {
         "object": "list",

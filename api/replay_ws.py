@@ -174,6 +174,8 @@ class _Player:
 
 @router.websocket("/ws/replay/{session_id}")
 async def replay(ws: WebSocket, session_id: str) -> None:
+    """A recorded session's steps at their pace (`speed`, `from`, `every`, `fields` in the query;
+    pause, resume, seek and speed ops)."""
     await ws.accept()
     store: Store | None = state_of(ws.app).store
     try:

@@ -86,6 +86,7 @@ def list_sessions(
 
 @router.get("/api/sessions/{session_id}")
 def get_session(request: Request, session_id: str) -> dict[str, Any]:
+    """One session's summary, configs, reruns and request stats."""
     try:
         out = q.get_session(require_store(request), session_id)
     except SessionNotFound:
@@ -119,6 +120,7 @@ def get_steps(
 
 @router.get("/api/sessions/{session_id}/knob_changes")
 def get_knob_changes(request: Request, session_id: str) -> dict[str, Any]:
+    """The session's applied knob changes."""
     store = require_store(request)
     _require(store, session_id)
     return {"session": session_id, "knob_changes": q.knob_changes(store, session_id)}
@@ -126,6 +128,7 @@ def get_knob_changes(request: Request, session_id: str) -> dict[str, Any]:
 
 @router.get("/api/sessions/{session_id}/requests")
 def get_requests(request: Request, session_id: str) -> dict[str, Any]:
+    """The session's request records."""
     store = require_store(request)
     _require(store, session_id)
     return {"session": session_id, "requests": q.requests(store, session_id)}
@@ -133,6 +136,7 @@ def get_requests(request: Request, session_id: str) -> dict[str, Any]:
 
 @router.delete("/api/sessions/{session_id}")
 def delete_session(request: Request, session_id: str) -> dict[str, Any]:
+    """Remove a session and its records."""
     recorder: Recorder | None = state_of(request.app).recorder
     if recorder is not None and session_id in (recorder.main_session, recorder.current_session):
         raise APIError(409, f"session {session_id!r} is being recorded", "session_id")

@@ -80,6 +80,7 @@ async def _until_closed(ws: WebSocket) -> None:
 
 @router.websocket("/ws/telemetry")
 async def telemetry(ws: WebSocket) -> None:
+    """One StepTelemetry per step (`every`, `fields`, `bundle` in the query)."""
     await ws.accept()
     try:
         every, fields = parse_query(ws.query_params)

@@ -31,24 +31,6 @@ from pydantic import BaseModel
 
 REFERENCE_PATH = Path(__file__).resolve().parents[1] / "docs" / "reference.md"
 
-# One line for each route whose handler has no docstring (a docstring's first line wins).
-ROUTE_SUMMARIES = {
-    "POST /v1/completions": "OpenAI-compatible completion, whole or streamed (SSE)",
-    "POST /v1/chat/completions": "OpenAI-compatible chat completion, whole or streamed (SSE)",
-    "GET /v1/models": "the served model",
-    "GET /api/status": "configs, knobs and versions, queue and KV summary, expert parallel, "
-    "limits, recorder, loop health, bounded structures' sizes",
-    "GET /api/knobs": "the knobs, their version and applied version, and each knob's schema",
-    "WS /ws/telemetry": "one StepTelemetry per step (`every`, `fields`, `bundle` in the query)",
-    "GET /metrics": "Prometheus text",
-    "GET /api/sessions/{session_id}": "one session's summary, configs, reruns and request stats",
-    "GET /api/sessions/{session_id}/knob_changes": "the session's applied knob changes",
-    "GET /api/sessions/{session_id}/requests": "the session's request records",
-    "DELETE /api/sessions/{session_id}": "remove a session and its records",
-    "WS /ws/replay/{session_id}": "a recorded session's steps at their pace (`speed`, `from`, "
-    "`every`, `fields` in the query; pause, resume, seek and speed ops)",
-}
-
 
 def cell(text: object) -> str:
     """`text` as one markdown table cell: on one line, pipes escaped, and `<` too outside code
@@ -306,11 +288,9 @@ def route_modules() -> list[Any]:
     return out
 
 
-def _summary(key: str, endpoint: Callable[..., Any]) -> str:
-    doc = inspect.getdoc(endpoint)
-    if doc:
-        return doc.split("\n\n")[0]
-    return ROUTE_SUMMARIES.get(key, "")
+def _summary(endpoint: Callable[..., Any]) -> str:
+    """The first paragraph of a route's docstring."""
+    return (inspect.getdoc(endpoint) or "").split("\n\n")[0]
 
 
 def _body_text(annotation: Any) -> str:
@@ -345,7 +325,6 @@ def route_rows() -> list[dict[str, str]]:
                 _body_text(p.field_info.annotation) for p in route.dependant.body_params
             )
             for method in methods:
-                key = f"{method} {route.path}"
                 rows.append(
                     {
                         "method": method,
@@ -353,7 +332,7 @@ def route_rows() -> list[dict[str, str]]:
                         "query": ", ".join(query),
                         "body": body,
                         "module": f"api/{module.__name__.split('.')[-1]}.py",
-                        "summary": _summary(key, route.endpoint),
+                        "summary": _summary(route.endpoint),
                     }
                 )
     rows.sort(key=lambda r: (r["path"], r["method"]))
