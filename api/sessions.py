@@ -207,7 +207,7 @@ async def rerun_session(
     if state.rerun is not None and not state.rerun.done:
         raise APIError(409, f"rerun {state.rerun.session!r} is still running")
     try:
-        records = await asyncio.to_thread(q.requests, store, session_id)
+        records = await asyncio.to_thread(q.requests, store, session_id, with_prompts=True)
         if not records:
             await asyncio.to_thread(q.require_session, store, session_id)
     except SessionNotFound:

@@ -1,5 +1,6 @@
-"""`moescope demo`: the server on the demo model (recording on, 4 expert-parallel ranks
-modeled, or `--ep N` real ones), a moderate load running against it, and the dashboard.
+"""`moescope demo`: the server on the demo model (recording on, prompts included, 4
+expert-parallel ranks modeled, or `--ep N` real ones), a moderate load of real text (held-out
+standard library snippets) running against it, and the dashboard.
 
 Each child runs in its own process group, so stopping one stops what it started (streamlit,
 expert-parallel ranks). If any child ends before the load has finished, the demo stops the
@@ -18,6 +19,8 @@ from typing import NoReturn
 
 import httpx
 
+from cli.loadgen import HELD_OUT
+
 # the small MoE trained on the standard library (models/train_demo.py): its experts route
 # real text, so the expert views show structure rather than noise
 MODEL = "demo"
@@ -26,8 +29,20 @@ CLI = [sys.executable, "-m", "cli.main"]
 
 
 def server_command(port: int, parallel: list[str]) -> list[str]:
-    """The demo's server: MODEL on HOST:`port`, `parallel` being `--ep N` or `--ep-size N`."""
-    return [*CLI, "serve", "--model", MODEL, "--host", HOST, "--port", str(port), *parallel]
+    """The demo's server: MODEL on HOST:`port`, `parallel` being `--ep N` or `--ep-size N`,
+    keeping prompts in its recording (a rerun replays the same text)."""
+    return [
+        *CLI,
+        "serve",
+        "--model",
+        MODEL,
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--record-prompts",
+        *parallel,
+    ]
 
 
 def dashboard_command(url: str, port: int) -> list[str]:
@@ -37,7 +52,8 @@ def dashboard_command(url: str, port: int) -> list[str]:
 
 def load_command(url: str, rate: float, duration: float) -> list[str]:
     """The demo's load on `url`: `rate` requests a second for `duration` s (0: until stopped),
-    prompts of 16 to 256 tokens, outputs of 16 to 128."""
+    prompts of 16 to 256 tokens of held-out standard library source (text the demo model
+    never trained on, so its routing shows what it learned), outputs of 16 to 128."""
     return [
         *CLI,
         "load",
@@ -51,6 +67,8 @@ def load_command(url: str, rate: float, duration: float) -> list[str]:
         "uniform:16:256",
         "--output-len",
         "uniform:16:128",
+        "--prompts",
+        HELD_OUT,
     ]
 
 

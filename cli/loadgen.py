@@ -5,20 +5,24 @@ are sent whether or not earlier ones finished. Prompt and output lengths come fr
 distributions: `fixed:N`, `uniform:LO:HI`, `lognormal:MEDIAN:SIGMA[:MAX]`. Each request
 streams `/v1/completions` with `ignore_eos`, so it generates exactly its output length.
 Prompts are random words of the wanted length in bytes, which is its length in tokens for
-the byte tokenizer of the synthetic models (approximate for other tokenizers). A trace
-(JSONL: `t` offset in seconds, `prompt_len`, `output_len`) can be saved and replayed.
+the byte tokenizer of the synthetic models (approximate for other tokenizers); or, with
+`--prompts`, real text: `heldout` cuts snippets of the wanted length in the demo tokenizer's
+tokens from the standard library files the demo model was not trained on, and a file gives
+its prompts in order, again and again (their own lengths). A trace (JSONL: `t` offset in
+seconds, `prompt_len`, `output_len`) can be saved and replayed.
 """
 
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import math
 import os
 import random
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -140,6 +144,69 @@ def make_prompt(num_tokens: int, rng: random.Random) -> str:
     return text[:size]
 
 
+# an arrival's prompt text, drawn with the load's seeded generator
+PromptSource = Callable[[Arrival, random.Random], str]
+HELD_OUT = "heldout"
+
+
+def random_words(arrival: Arrival, rng: random.Random) -> str:
+    return make_prompt(arrival.prompt_len, rng)
+
+
+def load_prompts(path: Path) -> list[str]:
+    """A file's prompts: JSONL objects with a "prompt" string when its first non-blank line
+    is a JSON object, else plain text, one prompt a line; blank lines are skipped. ValueError
+    naming the file and line for a bad one, OSError when it cannot be read."""
+    data = path.read_bytes()
+    try:
+        lines = data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        where = data[: exc.start].count(b"\n") + 1
+        raise ValueError(f"{path}:{where}: not UTF-8 text") from None
+    jsonl = next((s.lstrip().startswith("{") for s in lines if s.strip()), False)
+    prompts: list[str] = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if not jsonl:
+            prompts.append(line)
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError as exc:
+            raise ValueError(f"{path}:{n}: not a JSON object ({exc})") from None
+        prompt = rec.get("prompt") if isinstance(rec, dict) else None
+        if not (isinstance(prompt, str) and prompt):
+            raise ValueError(f'{path}:{n}: no "prompt" string (JSONL, as line 1 is)')
+        prompts.append(prompt)
+    if not prompts:
+        raise ValueError(f"{path}: no prompts in the file")
+    return prompts
+
+
+def file_prompts(prompts: list[str]) -> PromptSource:
+    """The prompts in order, over and over (lengths are their own)."""
+    turn = itertools.cycle(prompts)
+    return lambda _arrival, _rng: next(turn)
+
+
+def held_out_prompts() -> PromptSource:
+    """Snippets of the demo model's held-out files, `prompt_len` demo tokens each."""
+    from models.corpus import HeldOutSnippets  # reads the standard library: only when asked
+
+    snippets = HeldOutSnippets()
+    return lambda arrival, rng: snippets.snippet(arrival.prompt_len, rng)
+
+
+def prompt_source(spec: str | None) -> PromptSource:
+    """`--prompts`: None for random words, `heldout`, or a file's path."""
+    if spec is None:
+        return random_words
+    if spec == HELD_OUT:
+        return held_out_prompts()
+    return file_prompts(load_prompts(Path(spec)))
+
+
 @dataclass
 class Result:
     ok: bool
@@ -241,8 +308,10 @@ async def run_load(
     temperature: float = 0.0,
     timeout_s: float = 600.0,
     progress_stream: Any = None,
+    prompts: PromptSource = random_words,
 ) -> dict[str, Any]:
-    """Send every arrival at its offset (open loop), wait for all, and summarize.
+    """Send every arrival at its offset (open loop) with a prompt from `prompts`, wait for
+    all, and summarize.
 
     Cancelled (Ctrl-C), it stops sending, drops what is in flight and summarizes the rest.
     """
@@ -280,9 +349,7 @@ async def run_load(
             for arrival in arrivals:
                 # sleep(0) still yields, so a burst cannot starve the loop (or Ctrl-C)
                 await asyncio.sleep(max(0.0, start + arrival.t - time.perf_counter()))
-                tasks.append(
-                    asyncio.create_task(run(arrival, make_prompt(arrival.prompt_len, rng)))
-                )
+                tasks.append(asyncio.create_task(run(arrival, prompts(arrival, rng))))
                 progress.sent += 1
             await asyncio.gather(*tasks)
         except asyncio.CancelledError:
@@ -369,6 +436,14 @@ def add_load_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--prompt-len", type=parse_dist, default=parse_dist("uniform:16:256"))
     p.add_argument("--output-len", type=parse_dist, default=parse_dist("uniform:16:128"))
+    p.add_argument(
+        "--prompts",
+        default=None,
+        metavar="SOURCE",
+        help=f"real prompts: {HELD_OUT!r} (snippets of the demo model's held-out standard "
+        'library files, --prompt-len demo tokens each) or a file (JSONL with a "prompt" '
+        "field, or text, one prompt a line; in order, repeated); default: random words",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--timeout", type=positive, default=600.0, help="per-request timeout (s)")
@@ -413,6 +488,12 @@ def _write(path: Path, text: str) -> None:
 
 def main_load(args: argparse.Namespace) -> int:
     arrivals = _arrivals(args)
+    try:
+        prompts = prompt_source(args.prompts)
+    except OSError as exc:
+        raise SystemExit(f"moescope load: cannot read {args.prompts}: {describe(exc)}") from None
+    except ValueError as exc:
+        raise SystemExit(f"moescope load: --prompts: {exc}") from None
     api_key = args.api_key or os.environ.get("MOESCOPE_API_KEY")
     try:
         result = asyncio.run(
@@ -425,6 +506,7 @@ def main_load(args: argparse.Namespace) -> int:
                 temperature=args.temperature,
                 timeout_s=args.timeout,
                 progress_stream=None if args.no_progress else sys.stderr,
+                prompts=prompts,
             )
         )
     except httpx.HTTPError as exc:

@@ -36,7 +36,7 @@ def _when(t: float | None) -> str:
 
 
 def cmd_list(store: Store, args: argparse.Namespace) -> None:
-    rows = q.list_sessions(store, args.limit)
+    rows = q.list_sessions(store, args.limit, replica=args.replica, fleet_run=args.fleet_run)
     if args.json:
         print(json.dumps(rows, indent=2))
         return
@@ -182,6 +182,8 @@ def add_session_commands(sub: argparse._SubParsersAction) -> None:
     actions = sessions.add_subparsers(dest="action", required=True)
     p = actions.add_parser("list", help="sessions, newest first")
     p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--replica", default=None, help="only this fleet replica's sessions")
+    p.add_argument("--fleet-run", default=None, help="only the sessions of this fleet run")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=with_store(cmd_list))
     p = actions.add_parser("show", help="one session's summary")

@@ -7,12 +7,10 @@ and Python version give the same checkpoint.
 """
 
 import argparse
-import hashlib
 import json
 import math
 import platform
 import sys
-import sysconfig
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,14 +23,12 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from tqdm import tqdm
 from transformers import MixtralConfig, MixtralForCausalLM
 
-OUT = Path(__file__).parent / "demo"
+from models.corpus import DEMO_DIR, file_list_hash, is_held_out, library_files, read_texts
+
+OUT = DEMO_DIR
 VOCAB_SIZE = 4096
 BOS, EOS = "<s>", "</s>"
 SEQ_LEN = 256
-# Folders of the standard library that are not the library itself: test suites and
-# installed third-party packages.
-SKIP_PARTS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
-HELD_OUT_PER_MILLE = 50  # files whose path hashes below this are held out (5%)
 
 
 @dataclass(frozen=True)
@@ -53,34 +49,6 @@ class Plan:
     top_k: int = 2
     aux_loss_coef: float = 0.01
     eval_windows: int = 64
-
-
-def library_files() -> tuple[Path, list[Path]]:
-    """The standard library's directory and its *.py files (sorted by relative path)."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = [p for p in root.rglob("*.py") if not SKIP_PARTS & set(p.relative_to(root).parts)]
-    return root, sorted(files, key=lambda p: p.relative_to(root).as_posix())
-
-
-def is_held_out(relative: str) -> bool:
-    """A stable split by file: the same path falls on the same side in every run."""
-    digest = hashlib.sha256(relative.encode()).digest()
-    return int.from_bytes(digest[:4], "big") % 1000 < HELD_OUT_PER_MILLE
-
-
-def read_texts(root: Path, files: list[Path]) -> dict[str, str]:
-    """Relative path -> source text; undecodable files are skipped (a few are Latin-1)."""
-    texts = {}
-    for path in files:
-        try:
-            texts[path.relative_to(root).as_posix()] = path.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue
-    return texts
-
-
-def file_list_hash(names: list[str]) -> str:
-    return hashlib.sha256("\n".join(names).encode()).hexdigest()
 
 
 def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:

@@ -1,8 +1,11 @@
 """Rerun: a recorded session's request trace played against the live engine as a new session.
 
-Each recorded request is sent again at its arrival offset (divided by `speed`) with a
-synthesized prompt of the recorded length (seeded random token ids) and max_tokens equal
-to its recorded output length, greedy with ignore_eos, under the engine's current knobs.
+Each recorded request is sent again at its arrival offset (divided by `speed`) with its
+recorded prompt tokens (a session served with `--record-prompts`), else a synthesized prompt
+of the recorded length (seeded random token ids), and max_tokens equal to its recorded output
+length, greedy with ignore_eos, under the engine's current knobs. With the recorded tokens of
+greedy requests the experts see what they saw, so the rerun's expert loads are the original's
+(less what prefix caching spares: the original's blocks may still be cached).
 """
 
 import asyncio
@@ -52,6 +55,7 @@ class Rerun:
             "finished": self.finished,
             "failed": self.failed,
             "speed": self.speed,
+            "recorded_prompts": sum(1 for item in self.trace if item.prompt_token_ids),
             "done": self.done,
             "errors": self.errors[:5],
         }
@@ -87,7 +91,11 @@ async def run_rerun(rerun: Rerun, engine_loop: EngineLoop, recorder: Recorder) -
                 ignore_eos=True,
                 priority=item.priority,
             )
-            prompt = synth_prompt(f"{rerun.session}:{i}", item.prompt_len, vocab)
+            prompt = (
+                list(item.prompt_token_ids)
+                if item.prompt_token_ids
+                else synth_prompt(f"{rerun.session}:{i}", item.prompt_len, vocab)
+            )
             try:
                 engine_loop.submit(prompt, params, on_output)
                 rerun.submitted += 1

@@ -21,7 +21,7 @@ def iter_jsonl(store: Store, session_id: str, page: int = 512) -> Iterator[str]:
         yield _line({"type": "step", **record})
     for change in knob_changes(store, session_id):
         yield _line({"type": "knob_change", **change})
-    for req in requests(store, session_id):
+    for req in requests(store, session_id, with_prompts=True):
         yield _line({"type": "request", **req})
 
 

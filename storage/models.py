@@ -1,12 +1,14 @@
 """SQLAlchemy 2 ORM models: sessions, steps, knob_changes, requests, the what-if scorecard and
-the schema version."""
+the schema version. A change here goes with a revision in storage/migrations/versions."""
 
 from typing import Any
 
 from sqlalchemy import JSON, Double, ForeignKey, Index, Integer, String
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 1
+# 1: made by create_all before Alembic; 2: Alembic revisions (the alembic_version table) say
+# the rest, so a moescope from before Alembic refuses a database it has not seen
+SCHEMA_VERSION = 2
 
 
 class Base(DeclarativeBase):
@@ -38,6 +40,8 @@ class SessionRow(Base):
     started_t: Mapped[float] = mapped_column(index=True)
     ended_t: Mapped[float | None]
     dropped: Mapped[int] = mapped_column(default=0)
+    replica: Mapped[str | None] = mapped_column(String(100))  # a fleet's replica id
+    fleet_run: Mapped[str | None] = mapped_column(String(100), index=True)  # one `fleet` start
 
 
 class StepRow(Base):
@@ -89,6 +93,8 @@ class RequestRow(Base):
     finish_reason: Mapped[str] = mapped_column(String(16))
     preemptions: Mapped[int]
     priority: Mapped[int | None]  # None in sessions recorded before it was
+    # kept with `serve --record-prompts`, so a rerun replays the same tokens
+    prompt_token_ids: Mapped[list[int] | None] = mapped_column(JSON)
 
 
 # the columns a RequestRecord fills (all but the row id and the session)

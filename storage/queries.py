@@ -73,12 +73,27 @@ def _session_dict(row: Row[Any]) -> dict[str, Any]:
         "dropped": s.dropped,
         "knobs": s.knobs,
         "knobs_version": s.knobs_version,
+        "replica": s.replica,
+        "fleet_run": s.fleet_run,
     }
 
 
-def list_sessions(store: Store, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
-    """Newest first: id, label, kind, parent, model, duration, steps, requests, knobs at start."""
-    query = _session_query().order_by(SessionRow.started_t.desc()).limit(limit).offset(offset)
+def list_sessions(
+    store: Store,
+    limit: int = 100,
+    offset: int = 0,
+    *,
+    replica: str | None = None,
+    fleet_run: str | None = None,
+) -> list[dict[str, Any]]:
+    """Newest first: id, label, kind, parent, model, duration, steps, requests, knobs at start,
+    fleet replica and run; only those of `replica` and of `fleet_run` when given."""
+    query = _session_query()
+    if replica is not None:
+        query = query.where(SessionRow.replica == replica)
+    if fleet_run is not None:
+        query = query.where(SessionRow.fleet_run == fleet_run)
+    query = query.order_by(SessionRow.started_t.desc()).limit(limit).offset(offset)
     with Session(store.engine) as conn:
         return [_session_dict(r) for r in conn.execute(query)]
 
@@ -222,9 +237,10 @@ def requests(
     session_id: str,
     ended_from: float | None = None,
     ended_to: float | None = None,
+    with_prompts: bool = False,
 ) -> list[dict[str, Any]]:
     """Request records (those that ended between ended_from and ended_to, either open) in
-    arrival order."""
+    arrival order; `with_prompts` adds each one's `prompt_token_ids` (None where not kept)."""
     query = select(RequestRow).where(RequestRow.session_id == session_id)
     if ended_from is not None:
         query = query.where(RequestRow.finished_t >= ended_from)
@@ -232,6 +248,8 @@ def requests(
         query = query.where(RequestRow.finished_t <= ended_to)
     with Session(store.engine) as conn:
         rows = conn.execute(query.order_by(RequestRow.arrival, RequestRow.id))
+        if with_prompts:
+            return [_request_dict(r) | {"prompt_token_ids": r.prompt_token_ids} for (r,) in rows]
         return [_request_dict(r) for (r,) in rows]
 
 

@@ -69,6 +69,7 @@ class Recorder:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="moescope-recorder", daemon=True)
         self.main_session: str | None = None
+        self._tags: dict[str, str | None] = {}
         self.ok = True
         self.last_error: str | None = None
         self.written_steps = 0
@@ -84,10 +85,21 @@ class Recorder:
 
     # sessions
 
-    def start(self, session_id: str, **meta: Any) -> str:
-        """Subscribe, open the main session (`meta`: SessionRow fields) and start writing."""
+    def start(
+        self,
+        session_id: str,
+        *,
+        replica: str | None = None,
+        fleet_run: str | None = None,
+        **meta: Any,
+    ) -> str:
+        """Subscribe, open the main session (`meta`: SessionRow fields) and start writing.
+
+        `replica` and `fleet_run` tag the sessions of one replica of a `moescope fleet` run
+        (this one and those begun later), so the session list can pick them out."""
         if self._subs is not None:
             raise RuntimeError("recorder already started")
+        self._tags = {"replica": replica, "fleet_run": fleet_run}
         self._open(session_id, "server", time.time(), meta)
         self.main_session = session_id
         steps, requests = self._buses
@@ -96,7 +108,8 @@ class Recorder:
         return session_id
 
     def begin_session(self, kind: str = "rerun", **meta: Any) -> str:
-        """A new session that takes every record from now until `end_session`."""
+        """A new session that takes every record from now until `end_session`; it has the
+        main session's `replica` and `fleet_run` unless `meta` names others."""
         session_id = uuid.uuid4().hex[:12]
         self._open(session_id, kind, time.time(), meta)
         return session_id
@@ -128,6 +141,7 @@ class Recorder:
             "label": None,
             "parent_id": None,
             "knobs_version": 1,
+            **self._tags,
             **meta,
         }
         with self._lock:
@@ -379,4 +393,5 @@ def _knob_row(r: dict[str, Any]) -> dict[str, Any]:
 
 
 def _request_row(r: dict[str, Any]) -> dict[str, Any]:
-    return {k: r[k] for k in ("session_id", *REQUEST_FIELDS)}
+    row = {k: r[k] for k in ("session_id", *REQUEST_FIELDS)}
+    return {**row, "prompt_token_ids": r.get("prompt_token_ids")}  # kept when the engine has

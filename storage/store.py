@@ -1,18 +1,30 @@
-"""Opening a database: engine options (SQLite in WAL mode), schema creation and version check."""
+"""Opening a database: engine options (SQLite in WAL mode), its schema made or upgraded by the
+Alembic revisions in storage/migrations, and the refusal of a database newer than this code."""
 
 import functools
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, insert, inspect, select, text
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine, event, insert, inspect, select, update
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import SQLAlchemyError
 
 from storage.models import SCHEMA_VERSION, Base, SchemaInfo
 
 DEFAULT_URL = "sqlite:///moescope.db"
+MIGRATIONS = Path(__file__).with_name("migrations")
+ALEMBIC_TABLE = "alembic_version"
+PRE_ALEMBIC_VERSION = 1  # create_all made it; the baseline revision r0001 takes it over
+# Alembic keeps the running migration in module globals (alembic.context, alembic.op): one at
+# a time in a process. Other processes are another matter (see Store._upgrade).
+_UPGRADING = threading.Lock()
 _dumps = functools.partial(json.dumps, separators=(",", ":"))
 
 
@@ -71,11 +83,12 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
 
 
 class Store:
-    """A moescope database: checks (or creates) the schema when opened.
+    """A moescope database: creates the schema, or upgrades an older one, when opened.
 
-    `create=False` opens an existing database only (for readers such as the command line).
-    Raises IncompatibleSchema for a database of another schema version and StorageError when
-    the database cannot be reached or opened.
+    `create=False` opens an existing database only (for readers such as the command line); an
+    older one is upgraded all the same, since the queries read the newest columns.
+    Raises IncompatibleSchema for a database newer than this code (or not versioned) and
+    StorageError when the database cannot be reached or opened.
     """
 
     def __init__(self, url: str = DEFAULT_URL, create: bool = True, timeout_s: float = 5.0) -> None:
@@ -104,7 +117,7 @@ class Store:
 
     def _check_schema(self, create: bool) -> None:
         tables = set(inspect(self.engine).get_table_names())
-        if SchemaInfo.__tablename__ not in tables:
+        if SchemaInfo.__tablename__ not in tables and ALEMBIC_TABLE not in tables:
             ours = sorted(tables & set(Base.metadata.tables))
             if ours:
                 raise IncompatibleSchema(
@@ -114,42 +127,60 @@ class Store:
                 )
             if not create:
                 raise StorageError(f"{self.display_url} is not a moescope database")
-            Base.metadata.create_all(self.engine)
-            try:
-                with self.engine.begin() as conn:
-                    conn.execute(
-                        insert(SchemaInfo).values(
-                            id=1, version=SCHEMA_VERSION, created_t=time.time()
-                        )
-                    )
-            except IntegrityError:
-                pass  # another process created it at the same moment; checked below
-        with self.engine.connect() as conn:
-            version = conn.execute(select(SchemaInfo.version).where(SchemaInfo.id == 1)).scalar()
-        if version != SCHEMA_VERSION:
+        version, heads = self._versions()
+        if version not in (None, PRE_ALEMBIC_VERSION, SCHEMA_VERSION):
             raise IncompatibleSchema(
                 f"{self.display_url} has moescope schema version {version}, but this moescope "
                 f"reads version {SCHEMA_VERSION}. Use another --db, or read that database with "
                 f"the moescope version that wrote it."
             )
-        if create:
-            # tables (the what-if scorecard) and nullable columns (a knob change's reason)
-            # added since the database was made are created here, so an older database of
-            # this schema version stays usable
-            Base.metadata.create_all(self.engine)
-            self._add_missing_columns()
+        script = ScriptDirectory(str(MIGRATIONS))
+        newer = heads - {s.revision for s in script.walk_revisions()}
+        if newer and version is None:
+            raise StorageError(
+                f"{self.display_url} is not a moescope database (another program's Alembic "
+                f"revision {', '.join(sorted(newer))})"
+            )
+        if newer:
+            raise IncompatibleSchema(
+                f"{self.display_url} has schema revision {', '.join(sorted(newer))}, newer "
+                f"than this moescope knows (up to {script.get_current_head()}). Use another "
+                f"--db, or read that database with the moescope version that wrote it."
+            )
+        if version != SCHEMA_VERSION or heads != {script.get_current_head()}:
+            self._upgrade(script)
 
-    def _add_missing_columns(self) -> None:
-        found = inspect(self.engine)
-        for table in Base.metadata.sorted_tables:
-            have = {c["name"] for c in found.get_columns(table.name)}
-            for column in table.columns:
-                if column.name in have:
-                    continue
-                assert column.nullable, f"{table.name}.{column.name}: a new column must be nullable"
-                kind = column.type.compile(dialect=self.engine.dialect)
-                with self.engine.begin() as conn:
-                    conn.execute(text(f"ALTER TABLE {table.name} ADD COLUMN {column.name} {kind}"))
+    def _versions(self) -> tuple[int | None, set[str]]:
+        """The moescope_schema version (None: no row) and the Alembic revisions applied."""
+        with self.engine.connect() as conn:
+            heads = set(MigrationContext.configure(conn).get_current_heads())
+            if SchemaInfo.__tablename__ not in inspect(conn).get_table_names():
+                return None, heads
+            version = conn.execute(select(SchemaInfo.version).where(SchemaInfo.id == 1)).scalar()
+        return version, heads
+
+    def _upgrade(self, script: ScriptDirectory) -> None:
+        """Create a new database, or bring an older one (from before Alembic too) to the head
+        revision, in place: revisions only add, so what was recorded stays readable."""
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS).replace("%", "%%"))
+        try:
+            with _UPGRADING, self.engine.begin() as conn:
+                config.attributes["connection"] = conn
+                command.upgrade(config, "head")
+                marked = conn.execute(
+                    update(SchemaInfo).where(SchemaInfo.id == 1).values(version=SCHEMA_VERSION)
+                )
+                if marked.rowcount == 0:
+                    conn.execute(
+                        insert(SchemaInfo).values(
+                            id=1, version=SCHEMA_VERSION, created_t=time.time()
+                        )
+                    )
+        except SQLAlchemyError:
+            # another process may have made or upgraded it at the same moment: fine if so
+            if self._versions() != (SCHEMA_VERSION, {script.get_current_head()}):
+                raise
 
     def close(self) -> None:
         self.engine.dispose()

@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine
+import schema_v1
+from sqlalchemy import create_engine, text
+from sqlalchemy.orm import Session
 
 from engine import SamplingParams
 from engine.bus import TelemetryBus
@@ -151,8 +153,61 @@ def fresh_url(kind: str, tmp: Path) -> str:
         pytest.skip(f"{PG_ENV} is not set (.ci/run sets it when PostgreSQL starts)")
     engine = create_engine(url)
     Base.metadata.drop_all(engine)
+    with engine.begin() as conn:
+        conn.execute(text("DROP TABLE IF EXISTS alembic_version"))
     engine.dispose()
     return url
+
+
+def pre_alembic_database(url: str) -> None:
+    """A database as the last moescope before Alembic made it (schema version 1, no revision
+    table): one session with a step, a knob change and a request."""
+    engine = create_engine(url)
+    schema_v1.Base.metadata.create_all(engine)
+    columns = schema_v1.RequestRow.__table__.columns.keys()
+    with Session(engine) as db, db.begin():
+        db.add(schema_v1.SchemaInfo(id=1, version=1, created_t=1.0))
+        db.add(
+            schema_v1.SessionRow(
+                id="old",
+                kind="server",
+                model="m",
+                engine_session="e",
+                config={},
+                knobs={"max_num_seqs": 8},
+                knobs_version=1,
+                started_t=10.0,
+                ended_t=20.0,
+            )
+        )
+        db.flush()
+        record = step_record(1, 11.0)
+        db.add(
+            schema_v1.StepRow(
+                session_id="old",
+                step=1,
+                t=11.0,
+                knobs_version=1,
+                dur_ms=2.5,
+                running=2,
+                waiting=0,
+                num_tokens=2,
+                kv_used=2,
+                data=record,
+            )
+        )
+        db.add(
+            schema_v1.KnobChangeRow(
+                session_id="old", step=1, version=2, t=11.0, origin="api", changes={}, reason="r"
+            )
+        )
+        db.add(
+            schema_v1.RequestRow(
+                session_id="old",
+                **{k: v for k, v in request_record("r0", 11.0, 5, 3, 1).items() if k in columns},
+            )
+        )
+    engine.dispose()
 
 
 def run_requests(loop: EngineLoop, n: int, max_tokens: int, timeout: float = TIMEOUT) -> None:

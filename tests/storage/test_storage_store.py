@@ -7,7 +7,6 @@ import pytest
 
 from cli.main import main
 from storage import SCHEMA_VERSION, IncompatibleSchema, StorageError, Store
-from storage import queries as q
 
 
 def _url(path: Path) -> str:
@@ -60,55 +59,3 @@ def test_readers_do_not_create_databases(tmp_path: Path) -> None:
     assert "no database" in str(info.value)
     with pytest.raises(StorageError, match="bad database URL"):
         Store("nonsense://")
-
-
-def test_a_database_from_before_the_scorecard_gets_its_table(tmp_path: Path) -> None:
-    path = tmp_path / "older.db"
-    Store(_url(path)).close()
-    with sqlite3.connect(path) as conn:
-        conn.execute("DROP TABLE whatif_scorecard")
-    Store(_url(path), create=False).close()  # readers open it as it is
-    Store(_url(path)).close()
-    with sqlite3.connect(path) as conn:
-        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert "whatif_scorecard" in tables
-
-
-def test_a_database_from_before_request_priorities_reads_them_as_zero(tmp_path: Path) -> None:
-    path = tmp_path / "older.db"
-    Store(_url(path)).close()
-    with sqlite3.connect(path) as conn:
-        conn.execute("ALTER TABLE requests DROP COLUMN priority")
-        conn.execute(
-            "INSERT INTO sessions (id, kind, model, engine_session, config, knobs, knobs_version,"
-            " started_t, dropped) VALUES ('s', 'server', 'm', 'e', '{}', '{}', 1, 0, 0)"
-        )
-        conn.execute(
-            "INSERT INTO requests (session_id, req, arrival, finished_t, prompt_len, output_len,"
-            " max_tokens, ttft_ms, e2e_ms, finish_reason, preemptions)"
-            " VALUES ('s', 'r', 1.0, 2.0, 5, 3, 3, 10.0, 1000.0, 'length', 0)"
-        )
-    store = Store(_url(path))
-    ((row,),) = [q.requests(store, "s")]
-    assert row["req"] == "r" and row["priority"] == 0
-    store.close()
-
-
-def test_a_database_from_before_knob_change_reasons_gets_the_column(tmp_path: Path) -> None:
-    path = tmp_path / "older.db"
-    Store(_url(path)).close()
-    with sqlite3.connect(path) as conn:
-        conn.execute("ALTER TABLE knob_changes DROP COLUMN reason")
-        conn.execute(
-            "INSERT INTO sessions (id, kind, model, engine_session, config, knobs, knobs_version,"
-            " started_t, dropped) VALUES ('s', 'server', 'm', 'e', '{}', '{}', 1, 0, 0)"
-        )
-        conn.execute(
-            "INSERT INTO knob_changes (session_id, step, version, t, origin, changes)"
-            " VALUES ('s', 3, 2, 1.0, 'api', '{}')"
-        )
-    store = Store(_url(path))
-    assert q.knob_changes(store, "s") == [
-        {"step": 3, "version": 2, "t": 1.0, "origin": "api", "changes": {}, "reason": None}
-    ]
-    store.close()

@@ -11,6 +11,7 @@ class TraceItem:
     output_len: int
     priority: int = 0  # SamplingParams.priority
     computed: int = 0  # tokens already in KV: a request the live engine is running
+    prompt_token_ids: tuple[int, ...] | None = None  # recorded (serve --record-prompts)
 
 
 def trace_of(records: list[dict[str, Any]]) -> list[TraceItem]:
@@ -21,7 +22,13 @@ def trace_of(records: list[dict[str, Any]]) -> list[TraceItem]:
     served = sorted((r for r in records if r["output_len"] > 0), key=lambda r: r["arrival"])
     t0 = served[0]["arrival"] if served else 0.0
     return [
-        TraceItem(r["arrival"] - t0, r["prompt_len"], r["output_len"], r.get("priority") or 0)
+        TraceItem(
+            r["arrival"] - t0,
+            r["prompt_len"],
+            r["output_len"],
+            r.get("priority") or 0,
+            prompt_token_ids=tuple(ids) if (ids := r.get("prompt_token_ids")) else None,
+        )
         for r in served
     ]
 
