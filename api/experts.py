@@ -31,6 +31,7 @@ async def placement(request: Request) -> dict[str, Any]:
         "mode": engine_loop.engine.a2a_mode,
         "version": p.version,
         "placement": p.hosted(),
+        "moe_layers": engine_loop.engine.model_config.moe_layers,  # real index of each row
     }
 
 

@@ -104,6 +104,11 @@ def _get(url: str, path: str, **params: Any) -> dict[str, Any]:
     return resp.json()
 
 
+def get_status(url: str) -> dict[str, Any]:
+    """GET /api/status: the model and engine configs, KV bytes per token, knobs, limits."""
+    return _get(url, "/api/status")
+
+
 def get_session(url: str, session_id: str) -> dict[str, Any]:
     """GET /api/sessions/{id}: the summary (mean step ms, request stats, ...)."""
     return _get(url, f"/api/sessions/{session_id}")

@@ -22,6 +22,7 @@ def placement_map(info: dict[str, Any]) -> go.Figure:
         ["+".join(map(str, ranks)) if len(ranks) > 1 else "" for ranks in layer] for layer in hosts
     ]
     heat = go.Heatmap(
+        y=info.get("moe_layers") or list(range(len(hosts))),  # MoE layers by real index
         z=z,
         text=text,
         texttemplate="%{text}",
@@ -37,6 +38,6 @@ def placement_map(info: dict[str, Any]) -> go.Figure:
         "margin": {"l": 40, "r": 10, "t": 40, "b": 40},
         "legend": {"orientation": "h", "y": -0.25},
         "xaxis": {"title": {"text": "expert"}, "dtick": 1},
-        "yaxis": {"title": {"text": "layer"}, "dtick": 1},
+        "yaxis": {"title": {"text": "layer"}, "type": "category"},
     }
     return go.Figure(data=[heat], layout=layout)

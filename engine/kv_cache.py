@@ -1,6 +1,7 @@
 """Paged KV cache bookkeeping: blocks, block tables, prefix caching, swap pool, capacity limit."""
 
 from collections import OrderedDict, deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from engine.request import Request
@@ -20,6 +21,7 @@ class KVStats:
     host_used: int
     prefix_queries: int
     prefix_hits: int
+    behind_window: int = 0  # used blocks that no sliding layer reads any more (see BlockManager)
 
     @property
     def usage(self) -> float:
@@ -64,12 +66,23 @@ class BlockManager:
     Every block is in exactly one state: used (ref_count > 0), cached (ref_count 0 but
     holding a hashed full block, evictable in least-recently-used order) or free.
     Allocation keeps used + cached within `usable`, evicting cached blocks when needed.
+
+    Sliding-window layers (gpt-oss: `window` > 0) read only a request's last `window`
+    positions, but one block table serves every layer and full-attention layers read all of
+    it, so no block is freed early: `stats` counts the blocks behind every sliding layer's
+    window, which a cache kept per layer kind could free for the sliding layers' share.
     """
 
     def __init__(
-        self, num_blocks: int, block_size: int, num_host_blocks: int, prefix_caching: bool = True
+        self,
+        num_blocks: int,
+        block_size: int,
+        num_host_blocks: int,
+        prefix_caching: bool = True,
+        window: int = 0,
     ) -> None:
         self.block_size = block_size
+        self.window = window
         self.num_blocks = num_blocks
         self.blocks = Blocks()
         self.free_ids: deque[int] = deque(range(num_blocks))
@@ -100,7 +113,8 @@ class BlockManager:
         """Blocks that can still be handed out (free within the usable area, or evictable)."""
         return max(0, self.usable - self.num_used)
 
-    def stats(self) -> KVStats:
+    def stats(self, running: Iterable[Request] = ()) -> KVStats:
+        """Block counts now; `running`: the requests whose blocks behind the window count."""
         return KVStats(
             block_size=self.block_size,
             total=self.total,
@@ -112,7 +126,22 @@ class BlockManager:
             host_used=self.num_host_blocks - len(self.host_free),
             prefix_queries=self.prefix_queries,
             prefix_hits=self.prefix_hits,
+            behind_window=self.behind_window(running),
         )
+
+    def behind_window(self, running: Iterable[Request]) -> int:
+        """Blocks of `running` that only hold positions before every sliding layer's window
+        for the request's next token (and are in no other request's window)."""
+        if not self.window:
+            return 0
+        behind: set[int] = set()
+        read: set[int] = set()
+        for req in running:
+            first_read = max(0, req.num_computed_tokens - self.window + 1)
+            n = first_read // self.block_size
+            behind.update(req.block_table[:n])
+            read.update(req.block_table[n:])
+        return len(behind - read)
 
     def set_usable(self, usable: int) -> None:
         self.usable = usable

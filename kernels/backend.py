@@ -18,7 +18,9 @@ import torch
 import kernels.native_moe as native_moe
 import kernels.onednn_moe as onednn_moe
 from kernels.grouped_gemm import combine_experts, expert_ffn, expert_ffn_loop
+from kernels.mla_attention import mla_decode_torch
 from kernels.paged_attention import decode_attention_torch
+from kernels.swiglu import ExpertTerms
 
 MoEBackend = Literal["triton", "torch", "native", "onednn", "loop"]
 AttnBackend = Literal["triton", "torch"]
@@ -73,18 +75,20 @@ def moe_experts(
     order: torch.Tensor,
     per_expert: torch.Tensor,
     weights: torch.Tensor,
+    terms: ExpertTerms | None = None,
 ) -> torch.Tensor:
     """Routed expert output [T, H] in token order, on the selected backend.
 
     order [N]: flat pair ids (token * top_k + j) sorted by expert; per_expert [E]: rows per
-    expert; weights [T, top_k] float32 router weights.
+    expert; weights [T, top_k] float32 router weights; terms: biases and clamped SwiGLU.
     """
     backend = moe_backend(x.device, x.dtype)
     if backend == "triton":
         from kernels.triton_moe import fused_moe
 
-        return fused_moe(x, w_gate_up, w_down, order, per_expert, weights)
-    return combine_experts(x, w_gate_up, w_down, order, per_expert, weights, FFNS[backend])
+        return fused_moe(x, w_gate_up, w_down, order, per_expert, weights, terms=terms)
+    ffn = FFNS[backend]
+    return combine_experts(x, w_gate_up, w_down, order, per_expert, weights, ffn, terms)
 
 
 def decode_attention(
@@ -94,10 +98,32 @@ def decode_attention(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    sinks: torch.Tensor | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
-    """One query token per sequence over the paged cache, on the selected backend."""
+    """One query token per sequence over the paged cache, on the selected backend (sinks and
+    window: kernels.paged_attention)."""
+    args = (q, k_cache, v_cache, block_tables, context_lens, scale)
     if attn_backend(q.device) == "triton":
         from kernels.triton_attention import paged_decode_attention
 
-        return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
-    return decode_attention_torch(q, k_cache, v_cache, block_tables, context_lens, scale)
+        return paged_decode_attention(*args, sinks=sinks, window=window)
+    return decode_attention_torch(*args, sinks, window)
+
+
+def mla_decode(
+    q_latent: torch.Tensor,
+    q_pe: torch.Tensor,
+    cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """MLA decode over the paged latent cache, in latent space (kernels.mla_attention), on
+    the decode-attention backend."""
+    args = (q_latent, q_pe, cache, block_tables, context_lens, scale)
+    if attn_backend(q_latent.device) == "triton":
+        from kernels.triton_mla import mla_decode_attention
+
+        return mla_decode_attention(*args)
+    return mla_decode_torch(*args)

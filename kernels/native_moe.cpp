@@ -153,23 +153,50 @@ void tile_rows(const typename P::X* x, const typename P::W* w, int64_t D, int mb
   P::template tile<M>(x, w, D, acc);
 }
 
+// What is done to a tile's sums as they are written: optional per-expert biases and gpt-oss's
+// clamped SwiGLU. With neither, the sums are written as they always were.
+struct Epilogue {
+  const float* bias;  // [E][stride] float32, padded to whole blocks; nullptr: no bias
+  int64_t stride;     // GateUp: gate biases in [0, stride / 2), up biases after them
+  int clamp;          // 1: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit)
+  float limit, alpha;
+};
+
 // Rows m0.. of one tile's sums acc [mb][NB] into y (row stride N), columns j * NB.. of them.
 // GateUp: the block's columns are 16 gate and the same 16 up columns, and y gets
-// SiLU(gate) * up, 16 columns a block.
+// SiLU(gate) * up, 16 columns a block. b: this expert's bias row (or nullptr).
 template <bool GateUp>
-inline void write(const float* acc, int mb, float* y, int64_t N, int64_t j) {
+inline void write(const float* acc, int mb, float* y, int64_t N, int64_t j, const Epilogue& ep,
+                  const float* b) {
   const int64_t width = GateUp ? 16 : NB, col = j * width;
   const int cols = int(N - col < width ? N - col : width);
+  const vf lim = vf{} + ep.limit;
   for (int m = 0; m < mb; ++m) {
     float* dst = y + m * N + col;
     if (!GateUp) {
-      std::memcpy(dst, acc + m * NB, cols * 4);
+      if (b == nullptr) {
+        std::memcpy(dst, acc + m * NB, cols * 4);
+      } else {
+        for (int c = 0; c < cols; ++c) dst[c] = acc[m * NB + c] + b[col + c];
+      }
       continue;
     }
     float h[16];
     for (int c = 0; c < 16; c += L) {
-      const vf gate = vec(acc + m * NB + c), up = vec(acc + m * NB + 16 + c);
-      const vf out = gate / (1.0f + expv(-gate)) * up;
+      vf gate = vec(acc + m * NB + c), up = vec(acc + m * NB + 16 + c);
+      if (b != nullptr) {
+        gate += vec(b + col + c);
+        up += vec(b + ep.stride / 2 + col + c);
+      }
+      vf out;
+      if (ep.clamp) {
+        gate = gate > lim ? lim : gate;
+        up = up > lim ? lim : up;
+        up = up < -lim ? -lim : up;
+        out = (up + 1.0f) * (gate / (1.0f + expv(-(gate * ep.alpha))));
+      } else {
+        out = gate / (1.0f + expv(-gate)) * up;
+      }
       std::memcpy(h + c, &out, sizeof out);
     }
     std::memcpy(dst, h, cols * 4);
@@ -180,7 +207,7 @@ inline void write(const float* acc, int mb, float* y, int64_t N, int64_t j) {
 // N: y's columns; with GateUp the packed weights have 2 * 16 columns per 16 of them.
 template <bool GateUp, typename P>
 int grouped_gemm(const float* x, int64_t M, int64_t K, const typename P::W* w, int64_t E,
-                 int64_t N, const int32_t* offsets, float* y, int threads) {
+                 int64_t N, const int32_t* offsets, float* y, int threads, const Epilogue& ep) {
   const int64_t width = GateUp ? 16 : NB, blocks = (N + width - 1) / width, D = P::depth(K);
   struct Expert {
     int64_t id, start, end, group;  // group: its first row group's index
@@ -215,11 +242,12 @@ int grouped_gemm(const float* x, int64_t M, int64_t K, const typename P::W* w, i
       const Expert& e = used[t / blocks];
       const int64_t j = t % blocks;
       const typename P::W* wj = w + (e.id * blocks + j) * D * NB * P::LANES;
+      const float* b = ep.bias == nullptr ? nullptr : ep.bias + e.id * ep.stride;
       float acc[MB * NB];
       for (int64_t m0 = e.start, g = e.group; m0 < e.end; m0 += MB, ++g) {
         const int mb = int(e.end - m0 < MB ? e.end - m0 : MB);
         tile_rows<P>(xp + g * D * MB, wj, D, mb, acc);
-        write<GateUp>(acc, mb, y + m0 * N, N, j);
+        write<GateUp>(acc, mb, y + m0 * N, N, j, ep, b);
       }
     }
   }
@@ -232,11 +260,14 @@ extern "C" {
 int native_moe_block() { return NB; }
 int native_moe_bf16_lanes() { return Bf16::LANES; }  // bf16 weights packed in pairs along K: 2
 
-// float32 or bfloat16 (its bits as uint16) weights; float32 rows in and sums out
+// float32 or bfloat16 (its bits as uint16) weights; float32 rows in and sums out; the last
+// five arguments are the Epilogue's fields
 #define ENTRY(name, gate_up, P)                                                               \
   int name(const float* x, int64_t M, int64_t K, const P::W* w, int64_t E, int64_t N,        \
-           const int32_t* offsets, float* y, int threads) {                                  \
-    return grouped_gemm<gate_up, P>(x, M, K, w, E, N, offsets, y, threads);                  \
+           const int32_t* offsets, float* y, int threads, const float* bias, int64_t stride, \
+           int clamp, float limit, float alpha) {                                            \
+    return grouped_gemm<gate_up, P>(x, M, K, w, E, N, offsets, y, threads,                   \
+                                    Epilogue{bias, stride, clamp, limit, alpha});             \
   }
 ENTRY(grouped_gemm_f32, false, Wide<float>)
 ENTRY(grouped_gemm_bf16, false, Bf16)

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from kernels.packing import PackedWeights
+from kernels.swiglu import ExpertTerms
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("native_moe.cpp")
@@ -80,10 +81,11 @@ def library() -> ctypes.CDLL | None:
             log.warning("native MoE kernel build failed, kernel off:\n%s", e.stderr.decode())
             return None
     lib = ctypes.CDLL(str(target))
-    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    ptr, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
     for name in [f"{kind}_{t}" for kind in KINDS for t in DTYPES.values()]:
         fn = getattr(lib, name)
-        fn.argtypes = [ptr, i64, i64, ptr, i64, i64, ptr, ptr, ctypes.c_int]
+        # x, M, K, w, E, N, offsets, y, threads; the epilogue: bias, stride, clamp, limit, alpha
+        fn.argtypes = [ptr, i64, i64, ptr, i64, i64, ptr, ptr, i32, ptr, i64, i32, f32, f32]
         fn.restype = ctypes.c_int
     return lib
 
@@ -133,14 +135,33 @@ def _pack_gate_up(w: torch.Tensor) -> torch.Tensor:
     return _pack(pairs.reshape(experts, k, 2 * halves * half))
 
 
+def _pad_gate_up_bias(b: torch.Tensor) -> torch.Tensor:
+    """b [E, 2I] (gate, then up) as float32 [E, 2, I rounded up to half blocks]: the gate and up
+    biases of a packed gate/up block's columns at the same offsets in each half."""
+    experts, two_i = b.shape
+    half, i = block() // 2, two_i // 2
+    padded = torch.zeros(experts, 2, -(-i // half) * half)
+    padded[:, :, :i] = b.float().view(experts, 2, i)
+    return padded.view(experts, -1)
+
+
 packed = PackedWeights(_pack)
 packed_gate_up = PackedWeights(_pack_gate_up)
+padded_gate_up_bias = PackedWeights(_pad_gate_up_bias)
+float_bias = PackedWeights(lambda b: b.float().contiguous())
 
 
 def _run(
-    kind: str, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, n: int
+    kind: str,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    offsets: torch.Tensor,
+    n: int,
+    bias: torch.Tensor | None = None,
+    terms: ExpertTerms | None = None,
 ) -> torch.Tensor:
-    """The library's `kind` kernel over x [M, K] sorted by expert: float32 [M, n]."""
+    """The library's `kind` kernel over x [M, K] sorted by expert: float32 [M, n]; `bias`
+    [E, n] (gate/up: [E, 2n]) is added to the sums, and gate/up takes `terms`' activation."""
     lib = library()
     assert lib is not None, "the native MoE kernel is not available"
     if w.dtype not in DTYPES:
@@ -150,7 +171,11 @@ def _run(
     x = x.float().contiguous()
     offsets = offsets.to(torch.int32).contiguous()
     y = torch.empty(x.shape[0], n)
-    pack = packed_gate_up if kind == "grouped_gate_up" else packed
+    gated = kind == "grouped_gate_up"
+    pack = packed_gate_up if gated else packed
+    if bias is not None:
+        bias = (padded_gate_up_bias if gated else float_bias)(bias)
+    limit = None if terms is None else terms.swiglu_limit
     status = getattr(lib, f"{kind}_{DTYPES[w.dtype]}")(
         x.data_ptr(),
         x.shape[0],
@@ -161,29 +186,48 @@ def _run(
         offsets.data_ptr(),
         y.data_ptr(),
         torch.get_num_threads(),
+        None if bias is None else bias.data_ptr(),
+        0 if bias is None else bias.shape[1],
+        int(limit is not None),
+        0.0 if limit is None else limit,
+        1.702 if terms is None else terms.swiglu_alpha,
     )
     if status != 0:
         raise ValueError(f"native MoE kernel: offsets {offsets.tolist()} outside {x.shape[0]} rows")
     return y
 
 
-def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """x [M, K] sorted by expert times w [E, K, N] per expert: float32 [M, N] (offsets [E]:
-    group ends). x is taken as float32; w is float32 or bfloat16."""
-    return _run("grouped_gemm", x, w, offsets, w.shape[2])
+def grouped_gemm(
+    x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x [M, K] sorted by expert times w [E, K, N] per expert (plus its bias row [E, N]):
+    float32 [M, N] (offsets [E]: group ends). x is taken as float32; w is float32 or bfloat16."""
+    return _run("grouped_gemm", x, w, offsets, w.shape[2], bias)
 
 
-def gate_up(x: torch.Tensor, w_gate_up: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+def gate_up(
+    x: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    offsets: torch.Tensor,
+    terms: ExpertTerms | None = None,
+) -> torch.Tensor:
     """SiLU(x W_gate) * (x W_up) per expert, float32 [M, I], where w_gate_up [E, K, 2I] holds
-    W_gate's columns then W_up's; as `grouped_gemm` otherwise."""
-    return _run("grouped_gate_up", x, w_gate_up, offsets, w_gate_up.shape[2] // 2)
+    W_gate's columns then W_up's (with `terms`: their biases added, and the clamped SwiGLU
+    if it has a limit); as `grouped_gemm` otherwise."""
+    bias = None if terms is None else terms.b_gate_up
+    return _run("grouped_gate_up", x, w_gate_up, offsets, w_gate_up.shape[2] // 2, bias, terms)
 
 
 def expert_ffn_native(
-    x_sorted: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, offsets: torch.Tensor
+    x_sorted: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    offsets: torch.Tensor,
+    terms: ExpertTerms | None = None,
 ) -> torch.Tensor:
     """`expert_ffn` (kernels.grouped_gemm) on the native kernels: x_sorted [N, H] sorted by
     expert; w_gate_up [E, H, 2I]; w_down [E, I, H]; offsets [E] group ends. The hidden
     activations stay float32 between the projections whatever the weights' dtype."""
-    hidden = gate_up(x_sorted, w_gate_up, offsets)
-    return grouped_gemm(hidden, w_down, offsets).to(x_sorted.dtype)
+    hidden = gate_up(x_sorted, w_gate_up, offsets, terms)
+    b_down = None if terms is None else terms.b_down
+    return grouped_gemm(hidden, w_down, offsets, b_down).to(x_sorted.dtype)

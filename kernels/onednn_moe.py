@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.packing import PackedWeights
+from kernels.swiglu import ExpertTerms, glu
 
 
 def available() -> bool:
@@ -25,12 +26,16 @@ def _pack(w: torch.Tensor) -> list[torch.Tensor]:
 packed = PackedWeights(_pack)
 
 
-def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+def _linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
 
 
 def expert_ffn_onednn(
-    x_sorted: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, offsets: torch.Tensor
+    x_sorted: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    offsets: torch.Tensor,
+    terms: ExpertTerms | None = None,
 ) -> torch.Tensor:
     """`expert_ffn` (kernels.grouped_gemm) with oneDNN: x_sorted [N, H] sorted by expert;
     w_gate_up [E, H, 2I]; w_down [E, I, H]; offsets [E] group ends."""
@@ -39,7 +44,16 @@ def expert_ffn_onednn(
     start = 0
     for e, end in enumerate(offsets.tolist()):
         if end > start:
-            gate, up = _linear(x_sorted[start:end], gate_up[e]).chunk(2, dim=-1)
-            out[start:end] = _linear(F.silu(gate) * up, down[e])
+            if terms is None:
+                gate, up = _linear(x_sorted[start:end], gate_up[e]).chunk(2, dim=-1)
+                out[start:end] = _linear(F.silu(gate) * up, down[e])
+            else:  # oneDNN adds each expert's bias in the GEMM
+                b_gate_up, b_down = _bias(terms.b_gate_up, e), _bias(terms.b_down, e)
+                gate, up = _linear(x_sorted[start:end], gate_up[e], b_gate_up).chunk(2, dim=-1)
+                out[start:end] = _linear(glu(gate, up, terms), down[e], b_down)
         start = end
     return out
+
+
+def _bias(bias: torch.Tensor | None, expert: int) -> torch.Tensor | None:
+    return None if bias is None else bias[expert].contiguous()

@@ -5,7 +5,10 @@ are the rows of its tile, so each K/V position is loaded once per group. The con
 into `num_splits` page ranges (flash-decoding) so that few long sequences still fill the GPU;
 each split writes a normalised partial output and its log-sum-exp, and the splits are merged
 in torch. Loop bounds come from the context lengths on the device: no host sync, and work
-follows the real context, not the padded block-table width.
+follows the real context, not the padded block-table width. gpt-oss's terms: a sliding
+window starts the loop at the window's first position (pages before it are never read), and a
+per-head sink logit joins the softmax's denominator: in the kernel without splits, in the
+merge with them (as one more split that holds no values).
 """
 
 import torch
@@ -16,6 +19,7 @@ from kernels.triton_common import Launch, dot_types, rounds_by_hand, to_output
 from kernels.triton_env import check_device, interpreting
 
 TILE_N = 64
+FULL = 1 << 30  # the window of a full-attention layer: longer than any context
 
 
 @triton.jit
@@ -27,7 +31,9 @@ def _paged_decode(
     lens_ptr,
     out_ptr,
     lse_ptr,
+    sinks_ptr,
     scale,
+    window,
     block_size,
     group,
     pages_per_split,
@@ -50,14 +56,17 @@ def _paged_decode(
     DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
     ROUND_BY_HAND: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
-    """Attention of G query heads over positions [start, end) of one sequence's context."""
+    """Attention of G query heads over positions [start, end) of one sequence's context,
+    within its last `window` positions (a full layer passes a window longer than any context)."""
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     ctx = tl.load(lens_ptr + b)
     start = split * pages_per_split * block_size
     end = tl.minimum(ctx, start + pages_per_split * block_size)
+    start = tl.maximum(start, ctx - window)
 
     g = tl.arange(0, G_PAD)
     heads = kv_head * group + g
@@ -91,6 +100,13 @@ def _paged_decode(
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=PRECISION)
         m_i = m_new
 
+    if HAS_SINKS and not SPLIT:  # the sink's exp joins the sum, with no value
+        sink = tl.load(sinks_ptr + heads, mask=g_ok, other=0.0).to(tl.float32)
+        m_new = tl.maximum(m_i, sink)
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.exp(sink - m_new)
+        acc = acc * alpha[:, None]
+        m_i = m_new
     has = l_i > 0
     acc = acc / tl.where(has, l_i, 1.0)[:, None]
     out = out_ptr + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :]
@@ -122,6 +138,8 @@ def decode_launch(
     out: torch.Tensor,
     lse: torch.Tensor,
     splits: int,
+    sinks: torch.Tensor | None = None,
+    window: int = 0,
 ) -> Launch:
     """The kernel over (sequences, KV heads, splits); out is [B, H, D] or [B, H, splits, D]."""
     batch, heads, head_dim = q.shape
@@ -142,7 +160,9 @@ def decode_launch(
             context_lens,
             out,
             lse,
+            out if sinks is None else sinks,
             scale,
+            window or FULL,
             block_size,
             group,
             triton.cdiv(block_tables.shape[1], splits),
@@ -165,6 +185,7 @@ def decode_launch(
             DOT_DTYPE=dot_dtype,
             PRECISION=precision,
             ROUND_BY_HAND=rounds_by_hand(q.dtype),
+            HAS_SINKS=sinks is not None,
         ),
     )
 
@@ -177,8 +198,11 @@ def paged_decode_attention(
     context_lens: torch.Tensor,
     scale: float,
     num_splits: int | None = None,
+    sinks: torch.Tensor | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
-    """q [B, H, D]; caches [blocks, block_size, Hkv, D]; block_tables [B, nb]; lens [B] >= 1."""
+    """q [B, H, D]; caches [blocks, block_size, Hkv, D]; block_tables [B, nb]; lens [B] >= 1;
+    sinks [H] (a logit per head) or None; window 0 (all) or the positions attended to."""
     check_device(q.device)
     batch, heads, head_dim = q.shape
     width = block_tables.shape[1]
@@ -188,10 +212,17 @@ def paged_decode_attention(
     q = q.contiguous()
     if splits == 1:
         out = torch.empty_like(q)
-        decode_launch(q, k_cache, v_cache, block_tables, context_lens, scale, out, out, 1)()
+        decode_launch(
+            q, k_cache, v_cache, block_tables, context_lens, scale, out, out, 1, sinks, window
+        )()
         return out
     out = torch.empty(batch, heads, splits, head_dim, dtype=torch.float32, device=q.device)
     lse = torch.empty(batch, heads, splits, dtype=torch.float32, device=q.device)
-    decode_launch(q, k_cache, v_cache, block_tables, context_lens, scale, out, lse, splits)()
+    decode_launch(
+        q, k_cache, v_cache, block_tables, context_lens, scale, out, lse, splits, sinks, window
+    )()
+    if sinks is not None:  # one more split: the sink's logit, no values
+        lse = torch.cat([lse, sinks.float().view(1, heads, 1).expand(batch, heads, 1)], dim=-1)
+        out = torch.cat([out, out.new_zeros(batch, heads, 1, head_dim)], dim=2)
     weights = torch.softmax(lse, dim=-1).nan_to_num_(0.0)
     return (weights.unsqueeze(-1) * out).sum(2).to(q.dtype)

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from kernels.gemm_configs import GemmConfig, MoEConfig, lookup
+from kernels.swiglu import ExpertTerms
 from kernels.triton_common import Launch, dot_types, rounds_by_hand, to_output
 from kernels.triton_env import check_device
 
@@ -23,6 +24,10 @@ def _moe_gemm(
     offsets_ptr,
     pairs_ptr,
     scale_ptr,
+    bias_ptr,
+    stride_bias,
+    limit,
+    alpha,
     num_experts,
     max_tiles,
     N,
@@ -40,6 +45,8 @@ def _moe_gemm(
     GROUP_M: tl.constexpr,
     E_POW2: tl.constexpr,
     GATED: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    CLAMP: tl.constexpr,
     TOP_K: tl.constexpr,
     EVEN_K: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
@@ -49,7 +56,8 @@ def _moe_gemm(
     """C[rows] = A[rows] @ B[expert] over rows sorted by expert, `pairs` giving each row's
     flat pair id (token * TOP_K + j). Gated: A rows are gathered (the pair's token) and C is
     SiLU(gate) * up over B's two column halves. Else C is scaled by the pair's router weight
-    and scattered to the pair's row."""
+    and scattered to the pair's row. HAS_BIAS: the expert's bias row (gated: gate's N, then
+    up's) is added to the sums first; CLAMP: gpt-oss's clamped SwiGLU (kernels.swiglu)."""
     pid = tl.program_id(0)
     num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
     per_group = GROUP_M * num_pid_n
@@ -98,8 +106,18 @@ def _moe_gemm(
             acc_up = tl.dot(a, up, acc_up, input_precision=PRECISION)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
+    if HAS_BIAS:
+        bias_row = bias_ptr + expert.to(tl.int64) * stride_bias + cols
+        acc += tl.load(bias_row, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        if GATED:
+            acc_up += tl.load(bias_row + N, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if GATED:
-        acc = acc / (1.0 + tl.exp(-acc)) * acc_up
+        if CLAMP:
+            gate = tl.minimum(acc, limit)
+            up = tl.minimum(tl.maximum(acc_up, -limit), limit)
+            acc = (up + 1.0) * (gate / (1.0 + tl.exp(-(gate * alpha))))
+        else:
+            acc = acc / (1.0 + tl.exp(-acc)) * acc_up
         c_rows = rows.to(tl.int64)
     else:
         c_rows = pairs
@@ -119,8 +137,12 @@ def gemm_launch(
     scale: torch.Tensor | None,
     n: int,
     top_k: int,
+    bias: torch.Tensor | None = None,
+    limit: float | None = None,
+    alpha: float = 1.702,
 ) -> Launch:
-    """One grouped GEMM over `pairs.numel()` sorted rows: gated if no scale (see _moe_gemm)."""
+    """One grouped GEMM over `pairs.numel()` sorted rows: gated if no scale (see _moe_gemm),
+    plus the experts' bias rows and, gated, the clamped SwiGLU when `limit` is set."""
     rows, k = pairs.numel(), a.shape[1]
     experts = b.shape[0]
     max_tiles = min(rows, triton.cdiv(rows, cfg.block_m) + experts)
@@ -135,6 +157,10 @@ def gemm_launch(
             offsets,
             pairs,
             scale if scale is not None else c,
+            bias if bias is not None else c,
+            0 if bias is None else bias.stride(0),
+            0.0 if limit is None else limit,
+            alpha,
             experts,
             max_tiles,
             n,
@@ -154,6 +180,8 @@ def gemm_launch(
             GROUP_M=cfg.group_m,
             E_POW2=triton.next_power_of_2(experts),
             GATED=scale is None,
+            HAS_BIAS=bias is not None,
+            CLAMP=limit is not None,
             TOP_K=top_k,
             EVEN_K=k % cfg.block_k == 0,
             DOT_DTYPE=dot_dtype,
@@ -173,12 +201,14 @@ def fused_moe(
     per_expert: torch.Tensor,
     weights: torch.Tensor,
     config: MoEConfig | None = None,
+    terms: ExpertTerms | None = None,
 ) -> torch.Tensor:
     """Routed expert output in token order: sum over a token's pairs of weight * FFN_e(x).
 
     x [T, H]; w_gate_up [E, H, 2I]; w_down [E, I, H]; order [N] flat pair ids (t*k + j)
     sorted by expert; per_expert [E] rows per expert (sums to N); weights [T, k] float32.
-    Pairs missing from `order` (dropped by capacity) contribute nothing.
+    Pairs missing from `order` (dropped by capacity) contribute nothing. terms: the experts'
+    biases and clamped SwiGLU (kernels.swiglu).
     """
     t, h = x.shape
     top_k = weights.shape[1]
@@ -190,9 +220,28 @@ def fused_moe(
     cfg = config or lookup(x.device, experts, h, inter, rows, x.dtype)
     offsets = torch.cumsum(per_expert, 0)
     act = torch.empty(rows, inter, dtype=x.dtype, device=x.device)
-    gemm_launch(cfg.gate_up, x, w_gate_up, act, offsets, order, None, inter, top_k)()
+    terms = terms or ExpertTerms()
+    gemm_launch(
+        cfg.gate_up,
+        x,
+        w_gate_up,
+        act,
+        offsets,
+        order,
+        None,
+        inter,
+        top_k,
+        _contiguous(terms.b_gate_up),
+        terms.swiglu_limit,
+        terms.swiglu_alpha,
+    )()
     full = rows == t * top_k
     out = (torch.empty if full else torch.zeros)(t * top_k, h, dtype=x.dtype, device=x.device)
     scale = weights.float().flatten()
-    gemm_launch(cfg.down, act, w_down, out, offsets, order, scale, h, top_k)()
+    b_down = _contiguous(terms.b_down)
+    gemm_launch(cfg.down, act, w_down, out, offsets, order, scale, h, top_k, b_down)()
     return out if top_k == 1 else out.view(t, top_k, h).sum(1)
+
+
+def _contiguous(bias: torch.Tensor | None) -> torch.Tensor | None:
+    return None if bias is None else bias.contiguous()

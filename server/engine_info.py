@@ -10,8 +10,16 @@ from engine.loop import EngineLoop
 def engine_description(engine_loop: EngineLoop) -> dict[str, Any]:
     """The model and engine configs as JSON-ready dicts."""
     cfg = engine_loop.engine.config
+    model = engine_loop.engine.model_config
+    per_layer = model.kv_elements_per_token * cfg.dtype.itemsize
     return {
-        "model_config": asdict(engine_loop.engine.model_config),
+        "model_config": asdict(model),
+        # what one token costs in the KV cache: MLA's latent against GQA's K and V
+        "kv_bytes_per_token": {
+            "per_layer": per_layer,
+            "all_layers": per_layer * model.num_layers,
+            "layout": "latent" if model.kv_lora_rank else "kv",
+        },
         "engine_config": {
             "model": cfg.model,
             "dtype": str(cfg.dtype).removeprefix("torch."),

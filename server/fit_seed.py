@@ -4,8 +4,10 @@ batches) instead of refusing them until this run has shown each: after a shift t
 prompts the autopilot otherwise waits for the new steps to be fitted."""
 
 import json
+from dataclasses import MISSING, fields
 from typing import Any
 
+from engine.config import ModelConfig
 from engine.errors import InvalidInput
 from engine.loop import EngineLoop
 from server.engine_info import engine_description
@@ -25,7 +27,11 @@ def differences(recorded: dict[str, Any], live: dict[str, Any]) -> list[str]:
     live = json.loads(json.dumps(live))  # as stored: tuples are lists
     rec_model, rec_engine = recorded["model_config"], recorded["engine_config"]
     model, engine = live["model_config"], live["engine_config"]
-    pairs = [(f"model_config.{k}", rec_model.get(k), v) for k, v in model.items()]
+    # a field the recording predates held its default then (as stored: tuples are lists)
+    defaults = json.loads(
+        json.dumps({f.name: f.default for f in fields(ModelConfig) if f.default is not MISSING})
+    )
+    pairs = [(f"model_config.{k}", rec_model.get(k, defaults.get(k)), v) for k, v in model.items()]
     pairs += [(f"engine_config.{k}", rec_engine.get(k), engine[k]) for k in ENGINE_FIELDS]
     pairs += [
         (f"engine_config.parallel.{k}", rec_engine["parallel"].get(k), engine["parallel"][k])

@@ -253,17 +253,20 @@ class Metrics(BusReader):
         self.steps.inc(len(records))
         if preempted:
             self.preemptions.inc(preempted)
+        # expert rows are MoE layers, named by their real index (DeepSeek's first layers are dense)
+        layers = records[-1]["experts"].get("moe_layers") or list(range(len(experts or [])))
         for metric, matrix in (
             (self.expert_tokens, experts),
             (self.a2a_bytes, a2a),
             (self.gather_bytes, gather),
         ):
             for i, row in enumerate(matrix or []):
+                label = layers[i] if metric is self.expert_tokens else i
                 for j, value in enumerate(row):
-                    self._child(metric, i, j).inc(value)
+                    self._child(metric, label, j).inc(value)
         for metric, counts in ((self.expert_dropped, dropped), (self.rank_tokens, ranks)):
             for i, value in enumerate(counts[0] if counts else []):
-                self._child(metric, i).inc(value)
+                self._child(metric, layers[i] if metric is self.expert_dropped else i).inc(value)
 
     def drain(self) -> None:
         records, ended, dropped = self.take()

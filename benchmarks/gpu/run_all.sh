@@ -6,7 +6,8 @@
 #
 # Steps: the kernel tests on the GPU; a quick autotune of the benchmark shapes into
 # kernels/configs/grouped_gemm.json; copy bandwidth and bf16 matmul rate; our grouped GEMM
-# against torch grouped_mm and a per-expert loop; the offline engine on a larger synthetic
+# against torch grouped_mm and a per-expert loop; MLA decode attention (ours against the torch
+# absorbed and expanded paths, in bench.log only); the offline engine on a larger synthetic
 # model per backend; where a decode step's host time goes (cProfile, in bench.log); then one
 # table (printed, and written to $OUT/gpu_results.md). Each step has a time limit, so that one
 # that hangs leaves the others their time (about 10 minutes in all); the benchmarks write their
@@ -56,6 +57,7 @@ fi
 step bench.log 30 $PY -m benchmarks.gpu.roofline "${DRY[@]}" --json "$OUT/roofline.json"
 step bench.log 110 $PY -m benchmarks.gpu.moe_kernels "${DRY[@]}" --roofline "$OUT/roofline.json" \
     --json "$OUT/moe.json"
+step bench.log 60 $PY -m benchmarks.gpu.mla_decode "${DRY[@]}"
 step bench.log 140 $PY -m benchmarks.gpu.engine_throughput "${DRY[@]}" --json "$OUT/engine.json"
 step bench.log 60 $PY -m benchmarks.gpu.step_profile "${DRY[@]}"
 step bench.log 20 $PY -m benchmarks.gpu.report --roofline "$OUT/roofline.json" \

@@ -2,6 +2,7 @@
 // (window.js) to {data, layout}, drawn in the browser.
 
 import { figure, secondaryY, sideBySide } from "./figure.js";
+import { groups, layerNames } from "./layers.js";
 import { blocks, STAGES } from "./window.js";
 
 const LINES = { mode: "lines" };
@@ -98,7 +99,10 @@ function kv(v) {
     ["kv.usable", "usable", { color: "black", dash: "dot" }],
     ["kv.watermark", "watermark", { color: "#ff7f0e", dash: "dash" }],
   ].map(([col, name, line]) => ({ x: v.steps, y: v.col(col), name, line, ...LINES }));
-  return figure([...stacked, ...limits], "KV cache blocks", "blocks", "step", time(v));
+  // what a token costs in one layer's cache (MLA's latent, or K and V), where the frame says
+  const perLayer = v.latest ? v.latest.kv.bytes_per_token_layer : 0;
+  const cost = perLayer ? ` (${perLayer.toLocaleString("en")} B per token per layer)` : "";
+  return figure([...stacked, ...limits], `KV cache blocks${cost}`, "blocks", "step", time(v));
 }
 
 /** KV blocks per running request: each of the latest step's, and mean / max over steps. */
@@ -129,10 +133,12 @@ function kvBlocks(v) {
   );
 }
 
-/** Layer x expert token counts: the latest step and the sum over the last steps. */
+/** Layer x expert token counts: the latest step and the sum over the last steps; rows are
+ * the MoE layers, named by their real index. */
 function experts(v) {
   const heat = (z) => ({
     type: "heatmap",
+    y: layerNames(v, z.length),
     z,
     colorscale: "Viridis",
     showscale: false,
@@ -147,17 +153,18 @@ function experts(v) {
     ["expert", "expert"],
     ["layer", ""],
     {},
-    { xaxis: dtick, yaxis: dtick, xaxis2: dtick, yaxis2: dtick },
+    { xaxis: dtick, yaxis: { type: "category" }, xaxis2: dtick, yaxis2: { type: "category" } },
   );
 }
 
 /** Per-layer max/mean expert load over steps (1 = perfectly balanced), and dropped tokens. */
 function imbalance(v) {
   const layers = v.imbalance.length ? v.imbalance[0].length : 0;
+  const names = layerNames(v, layers);
   const data = Array.from({ length: layers }, (_, layer) => ({
     x: v.steps,
     y: v.imbalance.map((row) => row[layer]),
-    name: `layer ${layer}`,
+    name: `layer ${names[layer]}`,
     ...LINES,
   }));
   const dropped = v.col("dropped");
@@ -329,6 +336,7 @@ export const PANELS = {
   kv_blocks: kvBlocks,
   experts,
   imbalance,
+  groups: (v) => groups(v, time(v)),
   a2a,
   a2a_volume: a2aVolume,
   ranks,
@@ -342,6 +350,7 @@ export const ROWS = [
   ["kv", "queues"],
   ["kv_blocks"],
   ["experts", "imbalance"],
+  ["groups"],
   ["a2a", "a2a_volume"],
   ["ranks"],
   ["latency", "throughput"],

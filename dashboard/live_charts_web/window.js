@@ -91,9 +91,16 @@ function stepRow(frame) {
   return row;
 }
 
+/** Per-step rows of per-layer values, each as wide as the widest (NaN where a step had fewer
+ * layers). */
+function padded(rows) {
+  const width = Math.max(0, ...rows.map((r) => r.length));
+  return rows.map((r) => Array.from({ length: width }, (_, i) => r[i] ?? NaN));
+}
+
 /** A snapshot of the last n steps, oldest first. */
 export class WindowView {
-  constructor(rows, imbalance, slots, markers, expertSum, expertSteps, latest) {
+  constructor(rows, imbalance, slots, markers, expertSum, expertSteps, latest, groups) {
     this.rows = rows;
     this.imbalance = imbalance; // [n][layers], NaN where a step had fewer layers
     this.slots = slots; // per step: {slots, colours, texts, prefill}
@@ -101,6 +108,11 @@ export class WindowView {
     this.expertSum = expertSum; // counts summed over the last `expertSteps` steps
     this.expertSteps = expertSteps;
     this.latest = latest;
+    // group-limited routing (DeepSeek): max/mean group load [n][layers], NaN where a step had
+    // none; tokens per group [layers][groups] summed over the last `groupSteps` steps
+    this.groupSkew = groups.skew;
+    this.groupSum = groups.sum;
+    this.groupSteps = groups.steps;
     this.steps = this.col("step");
   }
 
@@ -129,6 +141,8 @@ export class StepWindow {
     this.tpot = new RollingPercentiles(LATENCY_WINDOW);
     this.rate = new RollingRate(RATE_WINDOW, 2);
     this.experts = new RollingSum(EXPERT_WINDOW);
+    this.groupSkew = [];
+    this.groups = new RollingSum(EXPERT_WINDOW);
     this.colours = new Map();
     this.nextColour = 0;
     this.latest = null;
@@ -151,6 +165,9 @@ export class StepWindow {
     this.experts.add(frame.experts.counts);
     this.push(this.rows, row);
     this.push(this.imbalance, layerImbalance(frame.experts.counts));
+    const groups = frame.experts.groups || [];
+    this.groups.add(groups);
+    this.push(this.groupSkew, layerImbalance(groups));
     this.push(this.slots, this.slotColumn(batch.slots));
     for (const change of frame.knob_changes || []) {
       this.markers.push([frame.step, markerLabel(change), change.reason || null]);
@@ -191,16 +208,19 @@ export class StepWindow {
     const n = last === undefined ? this.rows.length : Math.min(last, this.rows.length);
     const start = this.rows.length - n;
     const first = n ? this.rows[start].step : Infinity;
-    const imbalance = this.imbalance.slice(start);
-    const width = Math.max(0, ...imbalance.map((r) => r.length));
     return new WindowView(
       this.rows.slice(start),
-      imbalance.map((r) => Array.from({ length: width }, (_, i) => r[i] ?? NaN)),
+      padded(this.imbalance.slice(start)),
       this.slots.slice(start),
       this.markers.filter((m) => m[0] >= first),
       this.experts.total,
       this.experts.count,
       this.latest,
+      {
+        skew: padded(this.groupSkew.slice(start)),
+        sum: this.groups.total,
+        steps: this.groups.count,
+      },
     );
   }
 }

@@ -3,7 +3,8 @@
 Dispatch: this rank's pairs, sorted by (rank, local index), go out with one all_to_all_single
 after the per-expert counts are exchanged. Each rank regroups what it received by local expert and
 runs one grouped GEMM over its own experts. Combine: results return the same way and are added
-to their rows with the router weights.
+to their rows with the router weights. Expert biases (gpt-oss) are kept whole on every rank and
+picked for the hosted experts.
 """
 
 import time
@@ -15,6 +16,7 @@ from engine.ep.placement import LayerPlacement
 from engine.model.context import RankStats
 from engine.model.grouping import count, fits_capacity, group_by_expert
 from kernels import moe_experts
+from kernels.swiglu import ExpertTerms
 
 if TYPE_CHECKING:
     from engine.ep.group import EPGroup
@@ -32,6 +34,8 @@ class HostedExperts(Protocol):
 
     @property
     def w_down(self) -> torch.Tensor: ...  # [hosted, I, H]
+
+    def expert_terms(self) -> ExpertTerms | None: ...  # biases of every routed expert
 
 
 def ep_experts(
@@ -56,7 +60,7 @@ def ep_experts(
     send, receive = send_counts.sum(1).tolist(), received_counts.sum(1).tolist()
     received = group.all_to_all(x[order // k], send, receive)
     t0 = time.perf_counter()
-    y = _local_experts(received, received_counts, block)
+    y = _local_experts(received, received_counts, block, list(layer.hosted[group.rank]))
     stats.compute_s += time.perf_counter() - t0
     back = group.all_to_all(y, receive, send)
     row_bytes = x.shape[1] * x.element_size()
@@ -89,9 +93,10 @@ def _within_capacity(
 
 
 def _local_experts(
-    received: torch.Tensor, counts: torch.Tensor, block: HostedExperts
+    received: torch.Tensor, counts: torch.Tensor, block: HostedExperts, hosted_ids: list[int]
 ) -> torch.Tensor:
-    """This rank's experts over the rows it received ([sources, local experts] counts), in order."""
+    """This rank's experts (global ids `hosted_ids`, in slot order) over the rows it received
+    ([sources, local experts] counts), in order."""
     sources, num_local = counts.shape
     local_ids = torch.arange(num_local, device=received.device).repeat(sources)
     local_of_row = local_ids.repeat_interleave(counts.flatten().to(received.device))
@@ -100,4 +105,8 @@ def _local_experts(
         return received
     hosted = block.w_gate_up.shape[0]
     ones = torch.ones(received.shape[0], 1, device=received.device)
-    return moe_experts(received, block.w_gate_up, block.w_down, order, kept[:hosted], ones)
+    terms = block.expert_terms()
+    if terms is not None:
+        terms = terms.rows(hosted_ids)
+    w_gate_up, w_down = block.w_gate_up, block.w_down
+    return moe_experts(received, w_gate_up, w_down, order, kept[:hosted], ones, terms)

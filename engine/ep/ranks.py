@@ -43,7 +43,7 @@ def model_runner(config: EngineConfig, group: EPGroup | None) -> tuple[ModelRunn
         config.model, config.dtype, device, config.seed, config.router_skew
     )
     cfg = model.cfg
-    placement = Placement.contiguous(cfg.num_layers, cfg.num_experts, config.parallel.ep_size)
+    placement = Placement.contiguous(cfg.num_moe_layers, cfg.num_experts, config.parallel.ep_size)
     return ModelRunner(model, config.cache, device, placement, group), tokenizer
 
 

@@ -10,7 +10,7 @@ from engine.model.transformer import MoETransformer
 
 
 def _blocks(model: MoETransformer) -> list[MoEBlock]:
-    return [layer.mlp for layer in model.decoder_layers]
+    return model.moe_blocks
 
 
 def _set(block: MoEBlock, gate_up: torch.Tensor, down: torch.Tensor) -> None:

@@ -1,4 +1,8 @@
-"""Grouped-query attention over the paged KV cache for a flat batch of prefill and decode rows."""
+"""Grouped-query attention over the paged KV cache for a flat batch of prefill and decode rows.
+
+gpt-oss adds a learned sink logit per head (`sinks`) and sliding layers that attend only to
+their last `window` positions (kernels.paged_attention).
+"""
 
 import torch
 from torch import nn
@@ -10,7 +14,9 @@ from kernels import decode_attention, prefill_attention, write_kv
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: Rotary) -> None:
+    sinks: torch.Tensor | None
+
+    def __init__(self, cfg: ModelConfig, rotary: Rotary, index: int = 0) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
             cfg.num_heads,
@@ -30,6 +36,8 @@ class Attention(nn.Module):
         self.clip_qkv = cfg.clip_qkv
         self.rotary = rotary
         self.scale = cfg.head_dim**-0.5
+        self.window = cfg.window(index)
+        self.sinks = nn.Parameter(torch.zeros(cfg.num_heads)) if cfg.attention_sinks else None
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
 
@@ -54,11 +62,25 @@ class Attention(nn.Module):
         out = torch.empty_like(q)
         for g in ctx.decodes:
             out[g.rows] = decode_attention(
-                q[g.rows], self.k_cache, self.v_cache, g.block_tables, g.ctx_lens, self.scale
+                q[g.rows],
+                self.k_cache,
+                self.v_cache,
+                g.block_tables,
+                g.ctx_lens,
+                self.scale,
+                self.sinks,
+                self.window,
             )
         for p in ctx.prefills:
             rows = slice(p.q_start, p.q_start + p.q_len)
             out[rows] = prefill_attention(
-                q[rows], self.k_cache, self.v_cache, p.block_table, p.ctx_len, self.scale
+                q[rows],
+                self.k_cache,
+                self.v_cache,
+                p.block_table,
+                p.ctx_len,
+                self.scale,
+                self.sinks,
+                self.window,
             )
         return self.o_proj(out.flatten(1))

@@ -72,6 +72,7 @@ class ForwardContext:
     expert_counts: list[torch.Tensor] = field(default_factory=list)
     expert_dropped: list[torch.Tensor] = field(default_factory=list)
     rank_pairs: list[torch.Tensor] = field(default_factory=list)  # [src, dst] pairs per layer
+    group_counts: list[torch.Tensor] = field(default_factory=list)  # [groups] per MoE layer
     moe_seconds: float = 0.0  # host time on the CPU; on CUDA the GPU time in moe_timers
     moe_timers: list[GpuTimer] = field(default_factory=list)
 

@@ -3,6 +3,9 @@
 import torch
 from torch import nn
 
+from engine.config import RopeScaling
+from engine.model.rope import inv_freq
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
@@ -18,18 +21,21 @@ class RMSNorm(nn.Module):
 
 
 class Rotary(nn.Module):
-    """Rotate-half RoPE with a cos/sin table precomputed up to `max_len` positions."""
+    """Rotate-half RoPE with a cos/sin table precomputed up to `max_len` positions (with the
+    checkpoint's rope scaling, whose attention factor scales the table as transformers does)."""
 
     cos: torch.Tensor  # buffers
     sin: torch.Tensor
 
-    def __init__(self, head_dim: int, theta: float, max_len: int) -> None:
+    def __init__(
+        self, head_dim: int, theta: float, max_len: int, scaling: RopeScaling | None = None
+    ) -> None:
         super().__init__()
-        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim)
-        freqs = torch.outer(torch.arange(max_len, dtype=torch.float), inv_freq)
+        freq, factor = inv_freq(head_dim, theta, scaling)
+        freqs = torch.outer(torch.arange(max_len, dtype=torch.float), freq)
         emb = torch.cat([freqs, freqs], dim=-1)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        self.register_buffer("cos", emb.cos() * factor, persistent=False)
+        self.register_buffer("sin", emb.sin() * factor, persistent=False)
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor

@@ -1,4 +1,5 @@
-"""A Mixtral-shaped MoE decoder over a flat batch of tokens from many sequences."""
+"""A Mixtral-shaped MoE decoder over a flat batch of tokens from many sequences; DeepSeek's
+layouts swap in latent attention (MLA) and dense MLPs on the first layers."""
 
 from typing import cast
 
@@ -9,29 +10,41 @@ from engine.config import ModelConfig
 from engine.model.attention import Attention
 from engine.model.context import ForwardContext
 from engine.model.layers import RMSNorm, Rotary
-from engine.model.moe import MoEBlock
+from engine.model.mla import MLAttention
+from engine.model.moe import MLP, MoEBlock
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, rotary: Rotary, index: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
-        self.self_attn = Attention(cfg, rotary)
+        self.self_attn: Attention | MLAttention = (
+            MLAttention(cfg, rotary) if cfg.kv_lora_rank else Attention(cfg, rotary, index)
+        )
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
-        self.mlp = MoEBlock(cfg, index)
+        # placement and telemetry count MoE layers only: a MoE block's index is its place
+        # among them (equal to the layer index when every layer has experts)
+        dense = index < cfg.first_k_dense_replace
+        self.mlp: MoEBlock | MLP = (
+            MLP(cfg.hidden_size, cfg.dense_intermediate_size)
+            if dense
+            else MoEBlock(cfg, index - cfg.first_k_dense_replace)
+        )
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), positions, ctx)
-        return x + self.mlp(self.post_attention_layernorm(x), ctx)
+        h = self.post_attention_layernorm(x)
+        return x + (self.mlp(h, ctx) if isinstance(self.mlp, MoEBlock) else self.mlp(h))
 
 
 class MoETransformer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.max_model_len)
+        rope_dim = cfg.qk_rope_head_dim if cfg.kv_lora_rank else cfg.head_dim
+        self.rotary = Rotary(rope_dim, cfg.rope_theta, cfg.max_model_len, cfg.rope_scaling)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, self.rotary, i) for i in range(cfg.num_layers)
@@ -46,6 +59,11 @@ class MoETransformer(nn.Module):
         """The layers with their type (iterating an nn.ModuleList gives plain Modules)."""
         return [cast(DecoderLayer, layer) for layer in self.layers]
 
+    @property
+    def moe_blocks(self) -> list[MoEBlock]:
+        """The MoE blocks in layer order (dense layers have none)."""
+        return [layer.mlp for layer in self.decoder_layers if isinstance(layer.mlp, MoEBlock)]
+
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
     ) -> torch.Tensor:
@@ -59,11 +77,23 @@ class MoETransformer(nn.Module):
         return self.lm_head(hidden).float()
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> None:
-        """Give every attention layer its paged K and V cache."""
+        """Give every attention layer its paged cache: K and V, or MLA's latents."""
         cfg = self.cfg
         weight = self.embed_tokens.weight
+        dtype, device = weight.dtype, weight.device
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        latent = (num_blocks, block_size, cfg.kv_elements_per_token)
         for layer in self.decoder_layers:
             attn = layer.self_attn
-            attn.k_cache = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
-            attn.v_cache = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
+            if isinstance(attn, MLAttention):
+                attn.kv_cache = torch.zeros(latent, dtype=dtype, device=device)
+            else:
+                attn.k_cache = torch.zeros(shape, dtype=dtype, device=device)
+                attn.v_cache = torch.zeros(shape, dtype=dtype, device=device)
+
+    def kv_caches(self) -> list[tuple[torch.Tensor, ...]]:
+        """Each layer's cache tensors, blocks first (what a swap copies block by block)."""
+        return [
+            (attn.kv_cache,) if isinstance(attn, MLAttention) else (attn.k_cache, attn.v_cache)
+            for attn in (layer.self_attn for layer in self.decoder_layers)
+        ]

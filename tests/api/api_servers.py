@@ -49,16 +49,17 @@ def serve(
     settings: ServerSettings,
     send_buffer: int | None = None,
     port: int = 0,
+    model: str = MODEL,
     **engine_args: object,
 ) -> Served:
-    """A server on `port` (0: a free one) around a new engine loop."""
+    """A server on `port` (0: a free one) around a new engine loop of `model`."""
     args = {
         "num_kv_blocks": KV_BLOCKS,
         "max_num_seqs": 8,
         "max_num_batched_tokens": 256,
         **engine_args,
     }
-    loop = build_loop(MODEL, **args)
+    loop = build_loop(model, **args)
     server = ServerThread(create_app(loop, settings), port=port, send_buffer=send_buffer).start()
     return Served(server, loop, settings)
 

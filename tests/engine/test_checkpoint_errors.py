@@ -159,12 +159,12 @@ MALFORMED: dict[str, tuple[Damage, list[str]]] = {
         ["config.json", "num_experts_per_tok (5)", "num_local_experts (4)"],
     ),
     "rope_scaling beside rope_parameters": (
-        _set_config(rope_scaling={"rope_type": "yarn", "factor": 4.0}),
-        ["unsupported rope scaling 'yarn'", "'rope_scaling'"],
+        _set_config(rope_scaling={"rope_type": "longrope", "factor": 4.0}),
+        ["unsupported rope scaling 'longrope'", "'rope_scaling'"],
     ),
     "legacy rope_scaling": (
-        _set_config(rope_scaling={"type": "linear", "factor": 2.0}, rope_parameters=DELETE),
-        ["'linear'", "'rope_scaling'"],
+        _set_config(rope_scaling={"type": "dynamic", "factor": 2.0}, rope_parameters=DELETE),
+        ["'dynamic'", "'rope_scaling'"],
     ),
 }
 

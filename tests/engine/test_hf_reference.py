@@ -37,10 +37,10 @@ from tokenizers import Tokenizer
 from transformers import PreTrainedModel
 
 from engine import LLM, LLMEngine, RequestOutput, SamplingParams
-from engine.model.loader import model_config_from_hf
+from engine.model.hf_config import model_config_from_hf
 from engine.model.tokenizer import FileTokenizer
-from engine.runner import ForwardResult, ModelInput
 from engine.scheduler import SchedulerOutput
+from engine.step_records import ForwardResult, ModelInput
 
 ATOL = 1e-4
 FAMILIES = list(SPECS)
@@ -241,7 +241,10 @@ def test_unsupported_family_is_refused(checkpoints: dict[str, Path], tmp_path: P
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}), "yarn"),
+        (
+            dict(rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}),
+            "unsupported rope scaling 'dynamic'",
+        ),
         (dict(use_sliding_window=True, sliding_window=8), "sliding-window"),
         (dict(mlp_only_layers=[1]), "dense"),
         (dict(decoder_sparse_step=2), "dense"),

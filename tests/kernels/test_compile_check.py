@@ -23,7 +23,7 @@ def test_kernels_compile_for_sm90() -> None:
     )
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.splitlines()
-    assert len(lines) == 12 and all(line.startswith("ok") for line in lines)
+    assert len(lines) == 18 and all(line.startswith("ok") for line in lines)
     assert all(int(line.rsplit(" ", 1)[1]) > 0 for line in lines), "a main loop not pipelined"
 
 

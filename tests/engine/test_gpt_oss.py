@@ -1,0 +1,338 @@
+"""gpt-oss against transformers' own implementation, on tiny random checkpoints.
+
+The checkpoint has non-zero sinks, router, expert and q/k/v/o biases, a SwiGLU limit that
+bites, and a sliding layer whose window (5) is shorter than every prompt. Logits of every
+computed row must match transformers run on the whole sequence: prefill, decode, chunked
+prefill, prefix-cache hits and preemption; the MXFP4 checkpoint against its dequantized copy.
+"""
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hf_checkpoints import (
+    GPT_OSS_MXFP4,
+    load_reference,
+    make_gpt_oss_checkpoint,
+    quantize_gpt_oss_experts,
+    reference_logits,
+    rewrite_config,
+    rewrite_tensors,
+)
+from test_hf_reference import (
+    GREEDY,
+    LogitRecorder,
+    _assert_matches_reference,
+    _engine,
+    _prompts,
+    _run,
+)
+from transformers import PreTrainedModel
+
+from engine import LLM, LLMEngine, RequestOutput, SamplingParams
+from engine.kv_cache import BlockManager
+from engine.model import mxfp4
+from engine.model.hf_config import model_config_from_hf
+from engine.model.moe import MoEBlock
+from engine.request import Request
+from kernels import triton_attention
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_gpt_oss_checkpoint(tmp_path_factory.mktemp("gpt_oss"), seed=3)
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint: Path) -> PreTrainedModel:
+    return load_reference(checkpoint)
+
+
+def test_config_maps_every_term(checkpoint: Path) -> None:
+    cfg = model_config_from_hf(json.loads((checkpoint / "config.json").read_text()))
+    assert cfg.family == "gpt_oss" and cfg.attention_sinks and cfg.gate_bias
+    assert cfg.expert_bias and cfg.softmax_after_topk and cfg.qkv_bias and cfg.o_proj_bias
+    assert cfg.swiglu_limit == 1.0 and cfg.swiglu_alpha == pytest.approx(1.702)
+    assert [cfg.window(i) for i in range(3)] == [5, 0, 5]
+
+
+def test_prefill_and_decode_match_transformers(
+    checkpoint: Path, reference: PreTrainedModel
+) -> None:
+    """Whole prompts of 7, 13 and 21 tokens (all past the window), then batched decodes."""
+    engine, rec = _engine(
+        checkpoint, block_size=16, prefill_chunk_size=0, max_num_batched_tokens=256
+    )
+    outputs = _run(engine, [(0, p) for p in _prompts([7, 13, 21], seed=1)], GREEDY)
+    assert [c.num_tokens for c in rec.steps[0]] == [7, 13, 21]
+    _assert_matches_reference(reference, rec, outputs, block=16)
+
+
+def test_yarn_rope_as_released_matches_transformers(tmp_path: Path) -> None:
+    """The released checkpoints' rope: YaRN without truncation, past its original length."""
+    yarn = {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 4.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": 64,
+    }
+    path = make_gpt_oss_checkpoint(tmp_path, seed=5, rope_parameters=yarn)
+    engine, rec = _engine(path, block_size=16, prefill_chunk_size=0, max_num_batched_tokens=256)
+    outputs = _run(engine, [(0, p) for p in _prompts([13, 70], seed=1)], GREEDY)
+    _assert_matches_reference(load_reference(path), rec, outputs, block=16)
+
+
+def test_chunked_prefill_and_prefix_hits_match_transformers(
+    checkpoint: Path, reference: PreTrainedModel
+) -> None:
+    """Chunks of 5 over blocks of 4, arrivals while others decode, and a request that reads
+    two full blocks of another's prompt from the prefix cache."""
+    engine, rec = _engine(
+        checkpoint,
+        block_size=4,
+        prefill_chunk_size=5,
+        max_num_batched_tokens=8,
+        max_num_seqs=4,
+        enable_prefix_caching=True,
+    )
+    a, b, c = _prompts([7, 11, 6], seed=2)
+    shared = b[:8] + _prompts([5], seed=99)[0]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    outputs = _run(engine, [(0, a), (2, b), (3, c), (9, shared)], params)
+    assert min(rec.rows[list(outputs)[-1]]) == 8, "the shared prefix was recomputed"
+    assert any(len({ch.is_prefill for ch in step}) == 2 for step in rec.steps), "no mixed step"
+    _assert_matches_reference(reference, rec, outputs, block=4)
+
+
+def _run_counting_preemptions(
+    engine: LLMEngine, prompts: list[list[int]], params: SamplingParams
+) -> tuple[dict[str, RequestOutput], int]:
+    rids = [engine.add_request(p, params) for p in prompts]
+    done: dict[str, RequestOutput] = {}
+    preempted = 0
+    while engine.has_unfinished():
+        result = engine.step()
+        preempted += result.telemetry.queue.preempted
+        done.update({o.request_id: o for o in result.outputs if o.finished})
+    return {rid: done[rid] for rid in rids}, preempted
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preemption_matches_transformers(
+    checkpoint: Path, reference: PreTrainedModel, mode: str
+) -> None:
+    """Four requests in a pool of 12 blocks of 4: some are preempted and resumed."""
+    engine = LLMEngine(
+        model=str(checkpoint),
+        num_kv_blocks=12,
+        block_size=4,
+        num_host_blocks=32,
+        preemption_mode=mode,
+        prefill_chunk_size=8,
+        max_num_batched_tokens=32,
+        max_num_seqs=4,
+    )
+    rec = LogitRecorder(engine)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    outputs, preempted = _run_counting_preemptions(engine, _prompts([9, 10, 7, 11], seed=4), params)
+    assert preempted > 0
+    _assert_matches_reference(reference, rec, outputs, block=4)
+
+
+@pytest.mark.parametrize("backend", ["loop", "torch", "onednn", "native", "triton"])
+def test_moe_backends_match_transformers(
+    checkpoint: Path, reference: PreTrainedModel, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MOESCOPE_MOE_BACKEND", backend)
+    engine, rec = _engine(
+        checkpoint, block_size=4, prefill_chunk_size=5, max_num_batched_tokens=8, max_num_seqs=4
+    )
+    outputs = _run(engine, [(0, p) for p in _prompts([9, 6], seed=5)], GREEDY)
+    _assert_matches_reference(reference, rec, outputs, block=4)
+
+
+def test_triton_attention_matches_transformers(
+    checkpoint: Path, reference: PreTrainedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decode attention in the Triton kernel (under the interpreter on the CPU)."""
+    monkeypatch.setenv("MOESCOPE_ATTN_BACKEND", "triton")
+    kernel = triton_attention.paged_decode_attention
+    windows: list[int] = []
+
+    def spy(*args: Any, **kwargs: Any) -> torch.Tensor:
+        assert kwargs["sinks"] is not None
+        windows.append(kwargs["window"])
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(triton_attention, "paged_decode_attention", spy)
+    engine, rec = _engine(checkpoint, block_size=4, prefill_chunk_size=0)
+    outputs = _run(engine, [(0, p) for p in _prompts([8, 12], seed=6)], GREEDY)
+    assert set(windows) == {0, 5}
+    _assert_matches_reference(reference, rec, outputs, block=4)
+
+
+def test_telemetry_counts_blocks_behind_the_window(checkpoint: Path) -> None:
+    """Window 5, blocks of 4: with n tokens computed, the next token's window starts at
+    position n - 4, so (n - 4) // 4 blocks are behind it. They are not freed: the full layer
+    still reads them."""
+    engine = LLMEngine(model=str(checkpoint), num_kv_blocks=32, block_size=4)
+    engine.add_request(_prompts([21], seed=11)[0], SamplingParams(max_tokens=8, ignore_eos=True))
+    kv = [engine.step().telemetry.kv for _ in range(5)]
+    assert [k.behind_window for k in kv] == [(n - 4) // 4 for n in range(21, 26)]
+    assert [k.used for k in kv] == [-(-n // 4) for n in range(21, 26)]
+
+
+def test_shared_blocks_in_any_window_are_not_behind() -> None:
+    """Two requests share their first 8 tokens' blocks: the longer one has left them behind,
+    the shorter still reads block 1, so only block 0 counts."""
+    bm = BlockManager(32, 4, 0, window=5)
+    long, short = (
+        Request(list(range(n)), SamplingParams(max_tokens=4), request_id=str(n)) for n in (20, 9)
+    )
+    for r in (long, short):
+        bm.admit(r, bm.prefix_match(r))
+        bm.allocate(r, r.num_tokens - r.num_computed_tokens)
+        r.num_computed_tokens = r.num_tokens
+        bm.register_full_blocks(r)
+    assert short.block_table[:2] == long.block_table[:2]
+    assert bm.behind_window([long]) == 4  # (20 - 4) // 4
+    assert bm.behind_window([short]) == 1  # (9 - 4) // 4
+    assert bm.behind_window([long, short]) == 3  # long's 4, less block 1 that short reads
+    assert bm.stats([long, short]).behind_window == 3
+    assert BlockManager(32, 4, 0).behind_window([long, short]) == 0  # no sliding layer
+
+
+def test_each_term_counts(checkpoint: Path, tmp_path: Path) -> None:
+    """Zeroing the sinks, the router bias or the expert biases changes the logits."""
+    prompt = _prompts([12], seed=7)[0]
+    params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=5)
+
+    def top_logprobs(path: Path) -> dict[int, float]:
+        [out] = LLM(model=str(path), num_kv_blocks=16).generate([prompt], params, use_tqdm=False)
+        return out.logprobs[0]
+
+    def zero(suffix: str) -> Callable[[dict[str, torch.Tensor]], None]:
+        def edit(tensors: dict[str, torch.Tensor]) -> None:
+            for key in tensors:
+                if key.endswith(suffix):
+                    tensors[key].zero_()
+
+        return edit
+
+    base = top_logprobs(checkpoint)
+    for suffix in ("sinks", "router.bias", "experts.down_proj_bias"):
+        path = tmp_path / suffix
+        shutil.copytree(checkpoint, path)
+        rewrite_tensors(path, zero(suffix))
+        assert top_logprobs(path) != pytest.approx(base, abs=1e-4), suffix
+
+
+def test_mxfp4_checkpoint_matches_its_dequantized_reference(tmp_path: Path) -> None:
+    dense = make_gpt_oss_checkpoint(tmp_path, "dense", seed=8, **GPT_OSS_MXFP4)
+    packed = tmp_path / "mxfp4"
+    quantize_gpt_oss_experts(dense, packed)
+    engine, rec = _engine(
+        packed, block_size=4, prefill_chunk_size=6, max_num_batched_tokens=12, max_num_seqs=4
+    )
+    block = engine.model.decoder_layers[1].mlp
+    assert isinstance(block, MoEBlock)
+    torch.testing.assert_close(
+        block.w_gate_up.data.view(8, 64, 2, 32).transpose(2, 3).flatten(2),
+        load_reference(dense).model.layers[1].mlp.experts.gate_up_proj.data,
+        rtol=0,
+        atol=0,
+    )
+    outputs = _run(engine, [(0, p) for p in _prompts([9, 14], seed=9)], GREEDY)
+    _assert_matches_reference(load_reference(dense), rec, outputs, block=4)
+
+
+def test_mxfp4_without_scales_is_refused(tmp_path: Path) -> None:
+    dense = make_gpt_oss_checkpoint(tmp_path, "dense", seed=8, **GPT_OSS_MXFP4)
+    packed = tmp_path / "mxfp4"
+    quantize_gpt_oss_experts(dense, packed)
+    rewrite_tensors(packed, lambda t: t.pop("model.layers.0.mlp.experts.down_proj_scales"))
+    with pytest.raises(ValueError, match="MXFP4 tensors without a pair"):
+        LLMEngine(model=str(packed))
+
+
+def test_mxfp4_round_trip_is_exact_on_fp4_values() -> None:
+    """Values already on the fp4 grid times a power of two survive quantize/dequantize."""
+    gen = torch.Generator().manual_seed(0)
+    grid = torch.tensor(mxfp4.E2M1)[torch.randint(0, 16, (2, 64, 3), generator=gen)]
+    grid[:, 0, :] = 6.0  # every block's peak sits at fp4's largest value
+    grid[:, 32, :] = -6.0
+    weight = grid * 2.0**-3
+    blocks, scales = mxfp4.quantize(weight)
+    assert blocks.shape == (2, 3, 2, 16) and scales.shape == (2, 3, 2)
+    assert torch.equal(mxfp4.dequantize(blocks, scales), weight)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (dict(layer_types=["sliding_attention"]), "layer_types"),
+        (dict(layer_types=["local", "full_attention", "full_attention"]), "layer_types"),
+        (dict(sliding_window=None), "sliding_window"),
+        (dict(num_experts_per_tok=9), "num_experts_per_tok"),
+        (dict(quantization_config={"quant_method": "gptq"}), "quant_method"),
+    ],
+)
+def test_bad_configs_are_refused(
+    checkpoint: Path, tmp_path: Path, changes: dict[str, object], message: str
+) -> None:
+    path = tmp_path / "bad"
+    shutil.copytree(checkpoint, path)
+    rewrite_config(path, **changes)
+    with pytest.raises(ValueError, match=message):
+        LLMEngine(model=str(path))
+
+
+@pytest.mark.slow
+def test_expert_parallel_matches_transformers(checkpoint: Path, reference: PreTrainedModel) -> None:
+    """Experts sharded over 2 real ranks (each rank picks its hosted experts' biases):
+    log-probabilities and greedy tokens still follow transformers."""
+    engine = LLMEngine(
+        model=str(checkpoint),
+        num_kv_blocks=64,
+        block_size=4,
+        prefill_chunk_size=8,
+        max_num_batched_tokens=24,
+        max_num_seqs=8,
+        ep_size=2,
+        ep_distributed=True,
+    )
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, logprobs=3)
+    try:
+        prompts = _prompts([7, 13], seed=10)
+        outputs = _run(engine, [(0, prompts[0]), (1, prompts[1])], params)
+    finally:
+        engine.close()
+    for out in outputs.values():
+        seq = out.prompt_token_ids + out.token_ids
+        expected = torch.log_softmax(reference_logits(reference, seq[:-1]), dim=-1)
+        start = len(out.prompt_token_ids) - 1
+        assert out.token_ids == expected[start:].argmax(-1).tolist()
+        for i, top in enumerate(out.logprobs):
+            for token, value in top.items():
+                assert value == pytest.approx(expected[start + i, token].item(), abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    "key", ["model.layers.1.self_attn.sinks", "model.layers.2.mlp.experts.gate_up_proj_bias"]
+)
+def test_missing_tensor_is_named(checkpoint: Path, tmp_path: Path, key: str) -> None:
+    path = tmp_path / "missing"
+    shutil.copytree(checkpoint, path)
+    rewrite_tensors(path, lambda tensors: tensors.pop(key))
+    with pytest.raises(ValueError, match="missing tensors") as err:
+        LLMEngine(model=str(path))
+    assert key.removeprefix("model.").replace("experts.gate_up_proj_bias", "b_gate_up") in str(
+        err.value
+    )
