@@ -72,6 +72,8 @@ class DecodeGraphs:
             and 0 < num_rows <= SIZES[-1]
             and attn_backend(self.device) == "triton"
             and self._moe() in ("triton", "torch")  # the others read counts on the host
+            # MLA's decode is torch, whose work follows the padded table's full width
+            and not self.model.cfg.kv_lora_rank
         )
 
     def _moe(self) -> str:

@@ -1,53 +1,34 @@
-"""LLMEngine: one step = schedule, prepare, forward (attention + grouped MoE), sample, update."""
+"""LLMEngine: one step = schedule, plan the batch, forward (attention + grouped MoE) and sample
+on the device, update the requests; with overlap, a step is planned while the one before runs."""
 
-import numbers
 import time
 import uuid
-from collections import deque
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
 from engine.config import EngineConfig, engine_config
-from engine.ep.placement import Placement, max_replicas
+from engine.ep.placement import Placement
 from engine.ep.ranks import Ranks, model_runner
-from engine.ep.rebalance import predicted_imbalance, rebalance
-from engine.errors import InvalidInput, Refused
+from engine.errors import InvalidInput
+from engine.expert_loads import ExpertLoads
 from engine.gc_heap import freeze_heap
 from engine.knob_versions import KnobVersions
 from engine.knobs import Knobs, validate_knobs
 from engine.kv_cache import BlockManager
-from engine.outputs import RequestDelta, RequestOutput
-from engine.request import Request, Status, auto_request_id
-from engine.runner import ForwardResult
+from engine.launched import ComputeThread, Launched, step_durations
+from engine.model.loader import sized_by_kv_memory
+from engine.outputs import RequestDelta, StepResult
+from engine.request import Request, auto_request_id
+from engine.request_checks import check_fits, prompt_token_ids
+from engine.request_updates import update_requests
 from engine.sampling import Sampler
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, SchedulerOutput
-from engine.step_telemetry import (
-    EPInfo,
-    StepStats,
-    a2a_info,
-    durations,
-    expert_info,
-    step_telemetry,
-)
-from engine.telemetry import KnobChange, RequestRecord, StepTelemetry
+from engine.scheduler import Scheduler
+from engine.step_records import Executed
+from engine.step_telemetry import EPInfo, StepStats, a2a_info, expert_info, step_telemetry
+from engine.telemetry import KnobChange, RequestRecord
 from engine.threads import ThreadGovernor
-
-
-@dataclass
-class StepResult:
-    """A delta for every request that sampled a token, the whole output of each request that
-    finished, the step's record, and the end records of the requests that finished in it."""
-
-    deltas: list[RequestDelta]
-    outputs: list[RequestOutput]
-    telemetry: StepTelemetry
-    ended: list[RequestRecord]
-
-
-LOAD_WINDOW = 4096  # steps of expert loads kept for rebalancing
 
 
 class LLMEngine:
@@ -58,7 +39,8 @@ class LLMEngine:
     """
 
     def __init__(self, config: EngineConfig | None = None, **kwargs: Any) -> None:
-        self.config = config or engine_config(**kwargs)
+        self.config = sized_by_kv_memory(config or engine_config(**kwargs))
+        self._compute = ComputeThread()  # started by the first overlapped step
         cfg = self.config
         distributed = cfg.parallel.distributed and cfg.parallel.ep_size > 1
         self.ranks = Ranks(cfg) if distributed else None
@@ -73,18 +55,27 @@ class LLMEngine:
         self.model_config = self.model.cfg
         cache = cfg.cache
         self.blocks = BlockManager(
-            cache.num_blocks, cache.block_size, cache.num_host_blocks, cache.enable_prefix_caching
+            cache.num_blocks,
+            cache.block_size,
+            cache.num_host_blocks,
+            cache.enable_prefix_caching,
+            window=self.model_config.sliding_window,
         )
         self.requests: dict[str, Request] = {}
         self.knob_versions = KnobVersions(self._validate_knobs(cfg.knobs.model_dump()))
         self.blocks.set_usable(self.knobs.kv_capacity_blocks or cache.num_blocks)
         self.scheduler = Scheduler(self.blocks, self.knobs, cfg.batching)
-        self.sampler = Sampler(cfg.seed)
+        self.scheduler.max_model_len = self.model_config.max_model_len
+        self.sampler = Sampler(cfg.seed, self.runner.device)
+        # overlap: each step's forward pass runs on the compute thread while the engine
+        # thread plans the next one (torch ops release the GIL); not with real ranks, whose
+        # commands go out from the engine thread in order
+        self._overlap = cfg.overlap and self.ranks is None
+        self._inflight: Launched | None = None
         self.session = uuid.uuid4().hex[:12]
         # other ranks' processes would count as a neighbour's load: they keep the count fixed
         self.threads = ThreadGovernor(None if self.ranks and cfg.threads == "auto" else cfg.threads)
-        self._loads: deque[torch.Tensor] = deque(maxlen=LOAD_WINDOW)
-        self._since_rebalance = 0
+        self._loads = ExpertLoads()
         self._arrived = 0
         freeze_heap()
 
@@ -106,8 +97,25 @@ class LLMEngine:
         """The failure, waiting up to `timeout` s for a rank's exit to be noticed."""
         return self.ranks.wait_failure(timeout) if self.ranks else None
 
+    @property
+    def overlap(self) -> bool:
+        """Whether each step is scheduled and planned while the step before runs."""
+        return self._overlap
+
+    @overlap.setter
+    def overlap(self, on: bool) -> None:
+        """Switch overlap; takes effect at the next step (a step in flight finishes first)."""
+        self._overlap = on and self.ranks is None
+
+    def settle(self) -> None:
+        """Wait until the step in flight, if any, has run on the device (its outputs come
+        with the next step): a benchmark that switches engines keeps them apart."""
+        if self._inflight is not None:
+            self._inflight.wait()
+
     def close(self) -> None:
         """Stop the other expert-parallel ranks, if any (the engine cannot step afterwards)."""
+        self._compute.shutdown()
         if self.ranks is not None:
             self.ranks.close()
 
@@ -147,7 +155,7 @@ class LLMEngine:
             raise InvalidInput(
                 f"request_id must be a non-empty string, got {request_id!r}", "request_id"
             )
-        ids = self._prompt_ids(prompt)
+        ids = prompt_token_ids(prompt, self.tokenizer, self.model_config)
         self._check_fits(len(ids), params.max_tokens)
         arrival = time.time() if arrival is None else arrival
         return Request(ids, params, request_id, arrival, stream_text=stream_text)
@@ -161,39 +169,10 @@ class LLMEngine:
         self.scheduler.add(req)
         self._arrived += 1
 
-    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        cfg = self.model_config
-        if not ids:
-            raise InvalidInput("prompt is empty", "prompt")
-        odd = [t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)]
-        if odd:
-            raise InvalidInput(f"prompt token id {odd[0]!r} is not an integer", "prompt")
-        ids = [int(t) for t in ids]
-        bad = [t for t in ids if not 0 <= t < cfg.vocab_size]
-        if bad:
-            raise InvalidInput(
-                f"prompt token id {bad[0]} is outside the vocabulary (0..{cfg.vocab_size - 1})",
-                "prompt",
-            )
-        if len(ids) >= cfg.max_model_len:
-            raise InvalidInput(
-                f"prompt has {len(ids)} tokens; the model's context (max_model_len) is "
-                f"{cfg.max_model_len}, leaving no room to generate",
-                "prompt",
-            )
-        return ids
-
     def _check_fits(self, prompt_len: int, max_tokens: int) -> None:
-        """The request must fit the KV blocks usable once every accepted knob change applied."""
-        need = self.blocks.blocks_for(min(prompt_len + max_tokens, self.model_config.max_model_len))
         usable = self.latest_knobs.kv_capacity_blocks or self.blocks.total
-        if need > usable:
-            raise InvalidInput(
-                f"prompt ({prompt_len} tokens) plus max_tokens ({max_tokens}) needs {need} "
-                f"KV blocks but the cache has {usable} usable blocks",
-                "max_tokens",
-            )
+        max_len = self.model_config.max_model_len
+        check_fits(self.blocks, usable, max_len, prompt_len, max_tokens)
 
     def abort(self, request_id: str, reason: str = "abort") -> RequestRecord | None:
         """Stop a request and free its KV blocks; its end record, or None if it is unknown or
@@ -202,7 +181,7 @@ class LLMEngine:
         if req is None:
             return None
         self._end(req, reason)
-        return req.end_record(time.time())
+        return req.end_record(time.time(), self.config.record_prompts)
 
     def _end(self, req: Request, reason: str) -> None:
         self.scheduler.finish(req, reason)
@@ -210,7 +189,8 @@ class LLMEngine:
         self.sampler.forget(req.request_id)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.num_unfinished > 0
+        """Requests not finished, or a step still in flight (overlap)."""
+        return self.scheduler.num_unfinished > 0 or self._inflight is not None
 
     def has_work(self) -> bool:
         """Whether a step would do something: run requests, or apply or report a change."""
@@ -285,20 +265,7 @@ class LLMEngine:
         return self._switch(*self._plan(window, replicas), replicas, origin)
 
     def _plan(self, window: int, replicas: int) -> tuple[Placement, float, float, int]:
-        """A placement for the last `window` steps' loads, the predicted imbalance before and
-        after it, and the number of steps it saw."""
-        old = self.placement
-        if old.ep_size == 1:
-            raise Refused("nothing to rebalance: ep_size is 1 (start with --ep N or --ep-size N)")
-        most = max_replicas(self.model_config.num_experts, old.ep_size)
-        if replicas > most:
-            raise InvalidInput(f"replicas ({replicas}) must be at most {most}", "replicas")
-        recent = list(self._loads)[-window:]
-        if not recent:
-            raise Refused("no expert load recorded yet: rebalance after some steps ran")
-        loads = torch.stack(recent).sum(0)
-        new = rebalance(loads, old, replicas)
-        return new, predicted_imbalance(old, loads), predicted_imbalance(new, loads), len(recent)
+        return self._loads.plan(self.placement, self.model_config.num_experts, window, replicas)
 
     def _switch(
         self, new: Placement, before: float, after: float, steps: int, replicas: int, origin: str
@@ -306,8 +273,10 @@ class LLMEngine:
         """Move the weights to `new` and record the change."""
         old = self.placement
         self._apply_knobs()
+        if self._inflight is not None:  # weights and placement change between forward passes
+            self._inflight.wait()
         moved = self.runner.rebalance(new)
-        self._since_rebalance = 0
+        self._loads.since_rebalance = 0
         change = self.knob_versions.record(
             {
                 "expert_placement": [old.version, new.version],
@@ -328,16 +297,43 @@ class LLMEngine:
 
     def _auto_rebalance(self) -> None:
         interval = self.knobs.eplb_interval_steps
-        if interval is not None and self._since_rebalance >= interval and self._loads:
+        if interval is not None and self._loads.since_rebalance >= interval and self._loads.steps:
             replicas = self.knobs.eplb_replicas
             new, before, after, steps = self._plan(interval, replicas)
-            self._since_rebalance = 0
+            self._loads.since_rebalance = 0
             if after < before:  # never move weights for a placement predicted to be no better
                 self._switch(new, before, after, steps, replicas, "auto")
 
     # the step
 
     def step(self) -> StepResult:
+        """Run one step and return what it produced. With overlap on, the step after it is
+        scheduled and planned while it runs and launched as soon as it ends, so the result
+        of step N comes back while step N+1 runs."""
+        if self.overlap:
+            return self._step_overlapped()
+        if self._inflight is not None:  # overlap was just turned off: finish its step first
+            launched, self._inflight = self._inflight, None
+            return self._complete(launched, launched.wait())
+        launched = self._launch(self._plan_step(None), None)
+        return self._complete(launched, launched.wait())
+
+    def _step_overlapped(self) -> StepResult:
+        current = self._inflight = self._inflight or self._launch(self._plan_step(None), None)
+        following = None
+        if self.scheduler.has_schedulable() or self.knob_versions.waiting:
+            # while the current step runs (a rebalance in it waits for that step to end)
+            following = self._plan_step(current)
+        executed = current.wait()
+        self._inflight = None
+        if following is not None:
+            previous = executed.tokens if executed is not None else None
+            self._inflight = self._launch(following, previous)
+        return self._complete(current, executed)
+
+    def _plan_step(self, during: Launched | None) -> Launched:
+        """Apply knob and placement changes, schedule, and plan the batch (engine thread);
+        `during`: the step that runs meanwhile, if any."""
         t0 = time.perf_counter()
         self.threads.tick()
         self._apply_knobs()
@@ -345,117 +341,90 @@ class LLMEngine:
         applied = self.knob_versions.take_unreported()
         sched = self.scheduler.schedule()
         t1 = time.perf_counter()
-        self.runner.swap(sched)
-        result: ForwardResult | None = None
-        t2 = t3 = t4 = t1
+        sampling = [c.req for c in sched.chunks if c.sample]
+        plan = None
+        if sched.chunks or sched.swap_out or sched.swap_in:
+            spec = self.sampler.spec([r.request_id for r in sampling], [r.params for r in sampling])
+            plan = self.runner.prepare(sched, self.knobs.expert_capacity_factor, spec)
+        for i, req in enumerate(sampling):
+            req.sample_index = i
+        self.scheduler.launched(sched)
+        arrived, self._arrived = self._arrived, 0
+        return Launched(
+            sched,
+            plan,
+            sampling,
+            applied,
+            self.applied_knobs_version,
+            arrived,
+            during,
+            self.placement,
+            t0,
+            t1,
+            time.perf_counter(),
+        )
+
+    def _launch(self, launched: Launched, previous: torch.Tensor | None) -> Launched:
+        """Start the step's device work: on the compute thread with overlap, else right here."""
+        plan = launched.plan
+        if plan is None:
+            return launched
+        if self.overlap:
+            launched.launched_at = time.perf_counter()
+            launched.job = self._compute.submit(self.runner.execute, plan, previous)
+        else:
+            launched.job = self.runner.execute(plan, previous)
+        return launched
+
+    def _complete(self, launched: Launched, executed: Executed | None) -> StepResult:
+        """Take a step's sampled tokens into its requests and make its outputs and record."""
+        t3 = time.perf_counter()
+        result = executed.result if executed is not None else None
+        sched = launched.sched
         deltas: list[RequestDelta] = []
         finished: list[Request] = []
-        if sched.chunks:
-            inp = self.runner.prepare(sched, self.knobs.expert_capacity_factor)
-            t2 = time.perf_counter()
-            result = self.runner.forward(inp)
-            t3 = time.perf_counter()
-            self._loads.append(result.expert_counts)
-            deltas, finished = self._sample_and_update(sched, result)
-            t4 = time.perf_counter()
-        seconds = [t1 - t0, t2 - t1, t3 - t2, t4 - t3, time.perf_counter() - t0]
-        arrived, self._arrived = self._arrived, 0
+        if executed is not None:
+            if result is not None:
+                self._loads.steps.append(result.expert_counts)
+            deltas, finished = update_requests(
+                launched, executed, self.scheduler, self.tokenizer, self.model_config, self._end
+            )
+        t4 = time.perf_counter()
+        dur_ms = step_durations(launched, executed, self._inflight, t3, t4)
+        # stamped right after `total` ends, so that t - total is when the step started
+        end_t = time.time()
         telemetry = step_telemetry(
             StepStats(
                 session=self.session,
-                knobs_version=self.applied_knobs_version,
-                t=time.time(),
+                knobs_version=launched.knobs_version,
+                t=end_t,
                 sched=sched,
                 scheduler=self.scheduler.stats(),
-                arrived=arrived,
+                arrived=launched.arrived,
                 finished=finished,
-                knob_changes=applied,
-                dur_ms=durations(seconds, result.moe_seconds if result else 0.0),
+                knob_changes=launched.applied,
+                dur_ms=dur_ms,
                 experts=expert_info(self.model_config, result),
+                kv_bytes_per_token_layer=self.model_config.kv_elements_per_token
+                * self.config.dtype.itemsize,
                 a2a=a2a_info(
-                    self._ep_info(), result, sched.num_prefill_tokens + sched.num_decode_tokens
+                    self._ep_info(launched.placement),
+                    result,
+                    sched.num_prefill_tokens + sched.num_decode_tokens,
                 ),
             )
         )
-        self._since_rebalance += 1
-        ended = [r.end_record(r.token_times[-1]) for r in finished]
+        self._loads.since_rebalance += 1
+        ended = [r.end_record(r.token_times[-1], self.config.record_prompts) for r in finished]
         outputs = [d.output for d in deltas if d.output is not None]
         return StepResult(deltas, outputs, telemetry, ended)
 
-    def _ep_info(self) -> EPInfo:
-        """Made each step: a rebalance replaces the placement."""
+    def _ep_info(self, placement: Placement) -> EPInfo:
+        """Made each step, for the placement it ran with: a rebalance replaces it."""
         elem = self.model.embed_tokens.weight.element_size()
         return EPInfo(
-            placement=self.placement,
+            placement=placement,
             mode=self.a2a_mode,
             row_bytes=self.model_config.hidden_size * elem,
-            num_layers=self.model_config.num_layers,
-        )
-
-    def _sample_and_update(
-        self, sched: SchedulerOutput, result: ForwardResult
-    ) -> tuple[list[RequestDelta], list[Request]]:
-        sampling = [c.req for c in sched.chunks if c.sample]
-        sampled = self.sampler.sample(
-            result.logits, [r.request_id for r in sampling], [r.params for r in sampling]
-        )
-        self.scheduler.advance(sched)
-        now = time.time()
-        deltas, finished = [], []
-        for req, token, lp in zip(sampling, sampled.token_ids, sampled.logprobs, strict=True):
-            req.append_token(token, now)
-            if lp is not None:
-                req.logprobs.append(lp)
-            reason = self._finish_reason(req, token)
-            text = self._new_text(req, final=reason is not None)
-            if req.text.stopped:
-                reason = "stop"
-            delta = RequestDelta(
-                req.request_id, [token], [now - req.arrival], text, reason is not None, reason
-            )
-            if lp is not None:
-                delta.logprobs = [lp]
-            if reason:
-                self._end(req, reason)
-                finished.append(req)
-                delta.output = self._output(req)
-            deltas.append(delta)
-        return deltas, finished
-
-    def _new_text(self, req: Request, final: bool) -> str:
-        """The text this step delivers: what settled since the last step when the request's
-        text is decoded every step; otherwise all of it, decoded once, at the end."""
-        if req.text_each_step:
-            before = len(req.text.shown)
-            req.text.update(self.tokenizer, req.output_token_ids, final)
-            return req.text.shown[before:]
-        if final:
-            req.text.update(self.tokenizer, req.output_token_ids, final)
-            return req.text.shown
-        return ""
-
-    def _finish_reason(self, req: Request, token: int) -> str | None:
-        p = req.params
-        if token in p.stop_token_ids or (
-            not p.ignore_eos and token in self.model_config.eos_token_ids
-        ):
-            return "stop"
-        if len(req.output_token_ids) >= p.max_tokens:
-            return "length"
-        if req.num_tokens >= self.model_config.max_model_len:
-            return "length"
-        return None
-
-    def _output(self, req: Request) -> RequestOutput:
-        return RequestOutput(
-            request_id=req.request_id,
-            prompt_token_ids=req.prompt_token_ids,
-            token_ids=list(req.output_token_ids),
-            text=req.text.shown,
-            finished=req.status is Status.FINISHED,
-            finish_reason=req.finish_reason,
-            ttft_s=req.ttft_s,
-            token_times_s=[t - req.arrival for t in req.token_times],
-            logprobs=list(req.logprobs) if req.params.logprobs is not None else None,
-            num_preemptions=req.num_preemptions,
+            num_layers=self.model_config.num_moe_layers,
         )

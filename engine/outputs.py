@@ -1,8 +1,9 @@
 """What the engine hands back for a request: each step's delta, and the whole output once at
-the end (tokens, text, finish reason and timings)."""
+the end (tokens, text, finish reason and timings); and for a step, its `StepResult`."""
 
 from dataclasses import dataclass, field
 
+from engine.telemetry import RequestRecord, StepTelemetry
 from stats import tpot
 
 
@@ -50,3 +51,14 @@ def error_delta(request_id: str, message: str) -> RequestDelta:
     """The last delta of a request that failed (its whole output holds no tokens)."""
     output = RequestOutput(request_id, [], [], "", True, "error", None, error=message)
     return RequestDelta(request_id, [], [], "", True, "error", output=output, error=message)
+
+
+@dataclass
+class StepResult:
+    """A delta for every request that sampled a token, the whole output of each request that
+    finished, the step's record, and the end records of the requests that finished in it."""
+
+    deltas: list[RequestDelta]
+    outputs: list[RequestOutput]
+    telemetry: StepTelemetry
+    ended: list[RequestRecord]

@@ -48,6 +48,10 @@ class Request:
     all_token_ids: list[int] = field(default_factory=list)
     text: OutputText = field(default_factory=OutputText)  # of the output tokens
     stream_text: bool = False  # its deltas carry text as it settles, not all at the end
+    # tokens that launched steps will sample, not known yet: the scheduler counts them, so
+    # that the next step can be scheduled while this one runs (engine overlap)
+    num_in_flight: int = 0
+    sample_index: int = -1  # its row among the sampled tokens of the last launched step
 
     def __post_init__(self) -> None:
         if not self.request_id:
@@ -72,7 +76,7 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.all_token_ids)
+        return len(self.all_token_ids) + self.num_in_flight
 
     @property
     def num_pending_tokens(self) -> int:
@@ -81,7 +85,15 @@ class Request:
 
     @property
     def in_prefill(self) -> bool:
-        return self.num_pending_tokens > 1 or not self.output_token_ids
+        return self.num_pending_tokens > 1 or not (self.output_token_ids or self.num_in_flight)
+
+    @property
+    def max_tokens_in_flight(self) -> bool:
+        """Whether the tokens in flight bring it to max_tokens: it ends with them."""
+        return (
+            self.num_in_flight > 0
+            and len(self.output_token_ids) + self.num_in_flight >= self.params.max_tokens
+        )
 
     @property
     def max_total_tokens(self) -> int:
@@ -91,8 +103,9 @@ class Request:
     def ttft_s(self) -> float | None:
         return self.token_times[0] - self.arrival if self.token_times else None
 
-    def end_record(self, now: float) -> RequestRecord:
-        """The one record of this request's end (it has a `finish_reason` by now)."""
+    def end_record(self, now: float, keep_prompt: bool = False) -> RequestRecord:
+        """The one record of this request's end (it has a `finish_reason` by now), with its
+        prompt's token ids if `keep_prompt`."""
         ttft = self.ttft_s
         return RequestRecord(
             req=self.request_id,
@@ -106,4 +119,5 @@ class Request:
             preemptions=self.num_preemptions,
             e2e_ms=round((now - self.arrival) * 1000, 3),
             priority=self.params.priority,
+            prompt_token_ids=list(self.prompt_token_ids) if keep_prompt else None,
         )

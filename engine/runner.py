@@ -1,10 +1,12 @@
-"""Model runner: turns a SchedulerOutput into flat input tensors, runs the model, swaps KV."""
+"""Model runner: plans a step's flat batch on the host (persistent block tables, one copy to the
+device), runs the model, samples on the device and copies results back once; swaps KV."""
 
 import array
-from dataclasses import dataclass
+import time
 
 import torch
 
+from engine.block_tables import BlockTables
 from engine.config import CacheConfig
 from engine.decode_graphs import DecodeGraphs, graphs_enabled
 from engine.ep.group import EPGroup
@@ -12,78 +14,35 @@ from engine.ep.placement import Placement
 from engine.ep.weights import move, shard
 from engine.model.context import DecodeGroup, ForwardContext, PrefillSeq, RankStats
 from engine.model.transformer import MoETransformer
+from engine.sampling import Sampled, SampleSpec, sample_on_device, to_host
 from engine.scheduler import SchedulerOutput
+from engine.step_records import (
+    SEGMENTS,
+    Executed,
+    Forward,
+    ForwardResult,
+    MeasuredA2A,
+    ModelInput,
+    PrefillSpec,
+    Rebalance,
+    StepPlan,
+    Swap,
+)
 
 DECODE_GROUP = 16
 
 
-def long_tensor(values: list[int], device: torch.device) -> torch.Tensor:
-    """`torch.tensor(values)`, built through an array: torch reads a list of ints at about
-    0.2 µs an element, an array's buffer at a fraction of that (the batch is built anew
-    every step, with rows for every running request)."""
+def _host(values: array.array) -> torch.Tensor:
+    """A host tensor over an int64 array's buffer (no copy): torch reads a list of ints at
+    about 0.2 µs an element, an array's buffer at a fraction of that."""
     if not values:
-        return torch.empty(0, dtype=torch.long, device=device)
-    return torch.frombuffer(array.array("q", values), dtype=torch.long).to(device)
+        return torch.empty(0, dtype=torch.long)
+    return torch.frombuffer(values, dtype=torch.long)
 
 
 def _columns(pairs: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
     cols = torch.tensor(pairs, dtype=torch.long).view(-1, 2)
     return cols[:, 0], cols[:, 1]
-
-
-@dataclass
-class ModelInput:
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    ctx: ForwardContext
-    sample_rows: torch.Tensor
-
-
-@dataclass
-class MeasuredA2A:
-    """What the ranks measured in one step: bytes sent [from][to] by the all-to-alls and by
-    the all-gathers, pairs computed per layer and rank [layers, ranks], and each rank's
-    grouped-GEMM milliseconds."""
-
-    bytes: list[list[int]]
-    gather_bytes: list[list[int]]
-    computed: torch.Tensor
-    compute_ms: list[float]
-
-
-@dataclass
-class ForwardResult:
-    """Logits for the chunks that sample this step, in chunk order, plus MoE statistics
-    (on the CPU, whatever the model's device: telemetry reads them right away)."""
-
-    logits: torch.Tensor
-    expert_counts: torch.Tensor  # [layers, experts]
-    expert_dropped: torch.Tensor  # [layers]
-    moe_seconds: float
-    rank_pairs: torch.Tensor | None = None  # [layers, src, dst] as the placement models it
-    measured: MeasuredA2A | None = None  # with real expert-parallel ranks
-
-
-@dataclass
-class Swap:
-    """Command to the other ranks: copy KV blocks (device, host) out, then (host, device) in."""
-
-    out: list[tuple[int, int]]
-    into: list[tuple[int, int]]
-
-
-@dataclass
-class Forward:
-    """Command to the other ranks: run the model over this step's flat batch."""
-
-    inp: ModelInput
-
-
-@dataclass
-class Rebalance:
-    """Command to the other ranks: move expert weights to this placement."""
-
-    placement: Placement
 
 
 class ModelRunner:
@@ -108,34 +67,32 @@ class ModelRunner:
         # decode graphs pad with rows that write into one scratch block past the usable ones
         model.allocate_kv_cache(cache.num_blocks + (1 if graphs else 0), cache.block_size)
         self.graphs = DecodeGraphs(model, cache.block_size, cache.num_blocks) if graphs else None
-        cfg = model.cfg
-        dtype = model.embed_tokens.weight.dtype
-        host_shape = (
-            cfg.num_layers,
-            2,
-            cache.num_host_blocks,
-            cache.block_size,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-        )
-        self.host_cache = torch.zeros(host_shape, dtype=dtype)
+        self.tables = BlockTables(-(-model.cfg.max_model_len // cache.block_size), self.device)
+        # pinned host buffers for the step's one copy to a GPU, two so that the next step's
+        # plan can be staged while the copy of the step before may still be reading its own
+        self._staging = [torch.empty(0, dtype=torch.long) for _ in range(2)]
+        self._staged = 0
+        # one host tensor per device cache tensor (K and V, or MLA's latents), blocks first
+        self.host_cache = [
+            [torch.zeros((cache.num_host_blocks, *c.shape[1:]), dtype=c.dtype) for c in caches]
+            for caches in model.kv_caches()
+        ]
 
-    def swap(self, out: SchedulerOutput) -> None:
+    def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
         """Copy swapped-out blocks to the host pool, then swapped-in blocks back (every rank)."""
-        if not out.swap_out and not out.swap_in:
+        if not swap_out and not swap_in:
             return
         if self.ep is not None:
-            self.ep.send(Swap(out.swap_out, out.swap_in))
-        self._swap(out.swap_out, out.swap_in)
+            self.ep.send(Swap(swap_out, swap_in))
+        self._swap(swap_out, swap_in)
 
     def _swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
         out_dev, out_host = _columns(swap_out)
         in_host, in_dev = _columns(swap_in)
-        for i, layer in enumerate(self.model.decoder_layers):
-            attn = layer.self_attn
-            for j, cache in enumerate((attn.k_cache, attn.v_cache)):
-                self.host_cache[i, j, out_host] = cache[out_dev.to(cache.device)].cpu()
-                cache[in_dev.to(cache.device)] = self.host_cache[i, j, in_host].to(cache.device)
+        for hosts, caches in zip(self.host_cache, self.model.kv_caches(), strict=True):
+            for host, cache in zip(hosts, caches, strict=True):
+                host[out_host] = cache[out_dev.to(cache.device)].cpu()
+                cache[in_dev.to(cache.device)] = host[in_host].to(cache.device)
 
     def rebalance(self, placement: Placement) -> int:
         """Switch to a new placement; with real ranks, move the weights (returns bytes moved)."""
@@ -165,69 +122,170 @@ class ModelRunner:
                     ctx = self._run(command.inp)[1]
                     self._gather(ctx)
 
-    def prepare(self, out: SchedulerOutput, capacity_factor: float | None) -> ModelInput:
+    def prepare(
+        self, out: SchedulerOutput, capacity_factor: float | None, sample: SampleSpec
+    ) -> StepPlan:
+        """The step's batch as host arrays (engine thread): a few appends per row, and block
+        table entries only where they changed."""
         bs = self.block_size
-        ids: list[int] = []
-        positions: list[int] = []
-        kv_index: list[int] = []
-        prefills: list[PrefillSeq] = []
-        decodes: list[tuple[int, int, list[int]]] = []
-        sample_rows: list[int] = []
-        dev = self.device
+        seg = {name: array.array("q") for name in SEGMENTS}
+        ids, positions, row_slots = seg["ids"], seg["positions"], seg["row_slots"]
+        decode_rows, sample_rows = seg["decode_rows"], seg["sample_rows"]
+        fill_rows, fill_from = seg["fill_rows"], seg["fill_from"]
+        writes = (seg["write_slots"], seg["write_cols"], seg["write_blocks"])
+        tables = self.tables
+        source, written = tables.source, tables.written
+        prefills: list[PrefillSpec] = []
         for chunk in out.chunks:
-            req, start, n = chunk.req, chunk.start, chunk.num_tokens
+            req, start, n, slot = chunk.req, chunk.start, chunk.num_tokens, chunk.slot
             row = len(ids)
             table = req.block_table
-            ctx_len = start + n
-            if n == 1 and start > 0:  # a decode row: most rows, so no range or generator
-                ids.append(req.all_token_ids[start])
+            # most steps change no row: the check inline, the writes in `track`
+            if slot >= len(source) or source[slot] is not table or written[slot] != len(table):
+                tables.track(slot, table, writes)
+            known = req.all_token_ids
+            if n == 1 and start > 0:  # a decode row: most rows, so no range or slice
+                if start < len(known):
+                    ids.append(known[start])
+                else:  # the step in flight is sampling it
+                    ids.append(0)
+                    fill_rows.append(row)
+                    fill_from.append(req.sample_index)
                 positions.append(start)
-                kv_index.append(table[start // bs] * bs + start % bs)
-                decodes.append((ctx_len, row, table[: -(-ctx_len // bs)]))
+                row_slots.append(slot)
+                decode_rows.append(row)
             else:
-                ids.extend(req.all_token_ids[start:ctx_len])
-                pos = range(start, ctx_len)
-                positions.extend(pos)
-                kv_index.extend(table[p // bs] * bs + p % bs for p in pos)
-                blocks = long_tensor(table[: -(-ctx_len // bs)], dev)
-                prefills.append(PrefillSeq(row, n, ctx_len, blocks))
+                ctx_len = start + n
+                assert ctx_len <= len(known), "a prefill chunk cannot hold a token in flight"
+                ids.extend(known[start:ctx_len])
+                positions.extend(range(start, ctx_len))
+                row_slots.extend(array.array("q", [slot]) * n)
+                prefills.append(PrefillSpec(row, n, ctx_len, slot, -(-ctx_len // bs)))
             if chunk.sample:
                 sample_rows.append(row + n - 1)
-        ctx = ForwardContext(
-            kv_index=long_tensor(kv_index, dev),
+        parts = {name: _host(values) for name, values in seg.items()}
+        widths = self._sort_decodes(parts)
+        return StepPlan(
+            num_rows=len(ids),
+            packed=torch.cat([parts[name] for name in SEGMENTS]),
+            sizes=[parts[name].numel() for name in SEGMENTS],
+            widths=widths,
             prefills=prefills,
-            decodes=self._decode_groups(decodes),
-            token_rank=self.placement.token_ranks(len(ids)).to(dev),
-            expert_capacity_factor=capacity_factor,
-        )
-        return ModelInput(
-            input_ids=long_tensor(ids, dev),
-            positions=long_tensor(positions, dev),
-            ctx=ctx,
-            sample_rows=long_tensor(sample_rows, dev),
+            table_rows=len(source),
+            placement=self.placement,
+            capacity_factor=capacity_factor,
+            sample=sample,
+            swap_out=out.swap_out,
+            swap_in=out.swap_in,
         )
 
-    def _decode_groups(self, decodes: list[tuple[int, int, list[int]]]) -> list[DecodeGroup]:
-        """Sort decode rows by context length and batch neighbours, so padding stays small."""
-        decodes.sort()
-        rows = long_tensor([r for _, r, _ in decodes], self.device)
-        ctx_lens = long_tensor([c for c, _, _ in decodes], self.device)
-        groups = []
-        for i in range(0, len(decodes), DECODE_GROUP):
-            part = decodes[i : i + DECODE_GROUP]
-            width = len(part[-1][2])
-            tables: list[int] = []
-            for _, _, t in part:
-                tables += t
-                tables += [0] * (width - len(t))
-            groups.append(
-                DecodeGroup(
-                    rows=rows[i : i + DECODE_GROUP],
-                    block_tables=long_tensor(tables, self.device).view(len(part), width),
-                    ctx_lens=ctx_lens[i : i + DECODE_GROUP],
-                )
-            )
-        return groups
+    def _sort_decodes(self, parts: dict[str, torch.Tensor]) -> list[int]:
+        """Decode rows with their context lengths and slots, sorted by context length so that
+        each group of DECODE_GROUP neighbours pads little; the block-table width of each
+        group."""
+        rows = parts["decode_rows"]
+        if not rows.numel():
+            return []
+        lens, order = torch.sort(parts["positions"][rows] + 1, stable=True)
+        rows = rows[order]
+        parts["decode_rows"], parts["decode_lens"] = rows, lens
+        parts["decode_slots"] = parts["row_slots"][rows]
+        n = lens.numel()
+        ends = torch.arange(DECODE_GROUP - 1, n + DECODE_GROUP - 1, DECODE_GROUP).clamp(max=n - 1)
+        longest = lens[ends]
+        return ((longest + self.block_size - 1) // self.block_size).tolist()
+
+    def _to_device(self, packed: torch.Tensor) -> torch.Tensor:
+        """The step's one host-to-device copy (nothing to copy on the CPU)."""
+        if self.device.type == "cpu":
+            return packed
+        self._staged ^= 1
+        staging = self._staging[self._staged]
+        if staging.numel() < packed.numel():
+            staging = torch.empty(2 * packed.numel(), dtype=torch.long, pin_memory=True)
+            self._staging[self._staged] = staging
+        staging[: packed.numel()].copy_(packed)
+        return staging[: packed.numel()].to(self.device, non_blocking=True)
+
+    def materialize(self, plan: StepPlan, previous: torch.Tensor | None) -> ModelInput:
+        """Device tensors for a plan (compute thread, once the step before has run):
+        `previous` holds the tokens that step sampled."""
+        dev = self._to_device(plan.packed)
+        seg = dict(zip(SEGMENTS, dev.split(plan.sizes), strict=True))
+        self.tables.apply(
+            plan.table_rows, seg["write_slots"], seg["write_cols"], seg["write_blocks"]
+        )
+        ids, positions, fill_rows = seg["ids"], seg["positions"], seg["fill_rows"]
+        if fill_rows.numel():
+            assert previous is not None
+            ids[fill_rows] = previous[seg["fill_from"]]
+        tables, bs = self.tables.tables, self.block_size
+        kv_index = tables[seg["row_slots"], positions // bs] * bs + positions % bs
+        decodes = []
+        if plan.widths:
+            rows, lens = seg["decode_rows"], seg["decode_lens"]
+            picked = tables[:, : max(plan.widths)].index_select(0, seg["decode_slots"])
+            for i, width in enumerate(plan.widths):
+                part = slice(i * DECODE_GROUP, (i + 1) * DECODE_GROUP)
+                decodes.append(DecodeGroup(rows[part], picked[part, :width], lens[part]))
+        prefills = [
+            PrefillSeq(p.row, p.q_len, p.ctx_len, tables[p.slot, : p.num_blocks])
+            for p in plan.prefills
+        ]
+        ctx = ForwardContext(
+            kv_index=kv_index,
+            prefills=prefills,
+            decodes=decodes,
+            token_rank=plan.placement.token_ranks(plan.num_rows).to(self.device),
+            expert_capacity_factor=plan.capacity_factor,
+        )
+        return ModelInput(ids, positions, ctx, seg["sample_rows"])
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan, previous: torch.Tensor | None) -> Executed:
+        """Run a planned step on this thread: swaps, inputs, forward, sampling on the device,
+        then one device-to-host copy of the tokens, logprobs and MoE statistics."""
+        started = time.perf_counter()
+        self.swap(plan.swap_out, plan.swap_in)
+        if not plan.num_rows:
+            empty = torch.empty(0, dtype=torch.long, device=self.device)
+            return Executed(empty, Sampled([], []), None, started, time.perf_counter())
+        result = self.forward(self.materialize(plan, previous))
+        out = sample_on_device(result.logits, plan.sample)
+        measured = result.measured
+        stats = [result.expert_counts, result.expert_dropped]
+        if result.rank_pairs is not None:
+            stats.append(result.rank_pairs)
+        parts = [
+            out.tokens,
+            out.chosen_logprobs.double().view(torch.long),
+            out.top_ids,
+            out.top_logprobs.double().view(torch.long),
+            *stats,
+        ]
+        host = torch.cat([p.to(self.device).flatten() for p in parts]).cpu()
+        pieces = host.split([p.numel() for p in parts])
+        tokens, chosen, top_ids, top_values = pieces[:4]
+        shape = out.top_ids.shape
+        sampled = to_host(
+            plan.sample,
+            tokens.tolist(),
+            chosen.view(torch.float64).tolist(),
+            top_ids.view(shape).tolist(),
+            top_values.view(torch.float64).view(shape).tolist(),
+        )
+        counts, dropped, *pairs = (p.view(s.shape) for p, s in zip(pieces[4:], stats, strict=True))
+        moe_s = result.ctx.moe_total_seconds() if result.ctx is not None else result.moe_seconds
+        host_result = ForwardResult(
+            result.logits,
+            counts,
+            dropped,
+            moe_s,
+            pairs[0] if pairs else None,
+            measured,
+            group_counts=None if result.group_counts is None else result.group_counts.cpu(),
+        )
+        return Executed(out.tokens, sampled, host_result, started, time.perf_counter())
 
     def _run(self, inp: ModelInput) -> tuple[torch.Tensor, ForwardContext]:
         ctx = inp.ctx
@@ -237,8 +295,11 @@ class ModelRunner:
             ctx.rank_stats = RankStats([0] * self.ep.size, [0] * self.ep.size)
         return self.model(inp.input_ids, inp.positions, ctx), ctx
 
-    def _gather(self, ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor, MeasuredA2A]:
-        """Every rank's step statistics -> (expert counts, dropped, what was measured)."""
+    def _gather(
+        self, ctx: ForwardContext
+    ) -> tuple[torch.Tensor, torch.Tensor, MeasuredA2A, torch.Tensor | None]:
+        """Every rank's step statistics -> (expert counts, dropped, what was measured, chosen
+        groups: each rank routes its own rows, so its group counts are summed like experts')."""
         assert self.ep is not None and ctx.rank_stats is not None
         stats, size = ctx.rank_stats, self.ep.size
         counts = torch.stack(ctx.expert_counts).cpu()
@@ -250,10 +311,14 @@ class ModelRunner:
             + stats.computed
             + [stats.compute_s]
         )
-        mine = torch.cat([torch.tensor(head, dtype=torch.float64), counts.flatten().double()])
+        groups = torch.stack(ctx.group_counts).cpu() if ctx.group_counts else counts[:0]
+        mine = torch.cat(
+            [torch.tensor(head, dtype=torch.float64), counts.flatten().double()]
+            + [groups.flatten().double()]
+        )
         every = self.ep.gather_stats(mine)
-        dropped, sent, gathered, computed, seconds, experts = every.split(
-            [layers, size, size, layers, 1, counts.numel()], dim=1
+        dropped, sent, gathered, computed, seconds, experts, chosen = every.split(
+            [layers, size, size, layers, 1, counts.numel(), groups.numel()], dim=1
         )
         measured = MeasuredA2A(
             bytes=sent.long().tolist(),
@@ -261,7 +326,8 @@ class ModelRunner:
             computed=computed.long().T,
             compute_ms=[round(s * 1000, 3) for s in seconds.flatten().tolist()],
         )
-        return experts.sum(0).long().view_as(counts), dropped.sum(0).long(), measured
+        chosen_sum = chosen.sum(0).long().view_as(groups) if ctx.group_counts else None
+        return experts.sum(0).long().view_as(counts), dropped.sum(0).long(), measured, chosen_sum
 
     @torch.inference_mode()
     def forward(self, inp: ModelInput) -> ForwardResult:
@@ -271,17 +337,18 @@ class ModelRunner:
             logits, counts, dropped, pairs = self.graphs.run(
                 inp.input_ids, inp.positions, ctx, inp.sample_rows
             )
-            return ForwardResult(logits, counts.cpu(), dropped.cpu(), 0.0, pairs.cpu())
+            return ForwardResult(logits, counts, dropped, 0.0, pairs)
         if self.ep is not None:
             self.ep.send(Forward(inp))
         hidden, ctx = self._run(inp)
         logits = self.model.compute_logits(hidden[inp.sample_rows])
         if self.ep is not None:
-            counts, dropped, measured = self._gather(ctx)
+            counts, dropped, measured, groups = self._gather(ctx)
             return ForwardResult(
-                logits, counts, dropped, ctx.moe_total_seconds(), measured=measured
+                logits, counts, dropped, 0.0, measured=measured, ctx=ctx, group_counts=groups
             )
-        counts = torch.stack(ctx.expert_counts).cpu()  # waits for the device: timers are done
-        dropped = torch.stack(ctx.expert_dropped).cpu()
-        pairs = torch.stack(ctx.rank_pairs).cpu()
-        return ForwardResult(logits, counts, dropped, ctx.moe_total_seconds(), pairs)
+        counts = torch.stack(ctx.expert_counts)
+        dropped = torch.stack(ctx.expert_dropped)
+        pairs = torch.stack(ctx.rank_pairs)
+        groups = torch.stack(ctx.group_counts) if ctx.group_counts else None
+        return ForwardResult(logits, counts, dropped, 0.0, pairs, ctx=ctx, group_counts=groups)

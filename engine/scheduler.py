@@ -12,17 +12,18 @@ from engine.telemetry import BlockReason
 
 @dataclass
 class ScheduledChunk:
-    """`num_tokens` tokens of `req` starting at position `start`; `sample` when it ends them."""
+    """`num_tokens` tokens of `req` starting at position `start`; `sample` when it ends them
+    (decided when scheduled: the request's token count grows once the step is launched)."""
 
     req: Request
     start: int
     num_tokens: int
     is_prefill: bool
     slot: int = -1
+    sample: bool = field(init=False)
 
-    @property
-    def sample(self) -> bool:
-        return self.start + self.num_tokens == self.req.num_tokens
+    def __post_init__(self) -> None:
+        self.sample = self.start + self.num_tokens == self.req.num_tokens
 
 
 @dataclass
@@ -88,6 +89,9 @@ class Scheduler:
         self.free_slots: list[int] = []
         self.next_slot = 0
         self.step_count = 0
+        # set by an engine that schedules a step while the one before runs: requests whose
+        # tokens in flight reach this length end with them and are not scheduled again
+        self.max_model_len: int | None = None
 
     def policy_key(self, req: Request) -> tuple[int, ...]:
         """Lower keys run first; the running request with the highest key is preempted first."""
@@ -116,7 +120,7 @@ class Scheduler:
         return len(self.waiting) + len(self.running) + len(self.swapped)
 
     def stats(self) -> SchedulerStats:
-        kv = self.blocks.stats()
+        kv = self.blocks.stats(self.running)
         return SchedulerStats(
             max_slots=self.knobs.max_num_seqs,
             token_budget=self.knobs.max_num_batched_tokens,
@@ -194,6 +198,8 @@ class Scheduler:
                 continue
             for req in sorted(group, key=self.policy_key):
                 if req.status is not Status.RUNNING or len(scheduled) >= self.knobs.max_num_seqs:
+                    continue
+                if req.num_in_flight and self.ends_in_flight(req):
                     continue
                 n = self._chunk_len(req, budget, prefilling)
                 if n == 0:
@@ -313,6 +319,36 @@ class Scheduler:
         if req.slot is not None:
             heapq.heappush(self.free_slots, req.slot)
             req.slot = None
+
+    def ends_in_flight(self, req: Request) -> bool:
+        """Whether the tokens in flight surely end `req` (max_tokens or the model's length)."""
+        too_long = self.max_model_len is not None and req.num_tokens >= self.max_model_len
+        return too_long or req.max_tokens_in_flight
+
+    def has_schedulable(self) -> bool:
+        """Whether a step scheduled now could run anything."""
+        return bool(
+            self.waiting
+            or self.swapped
+            or any(not (r.num_in_flight and self.ends_in_flight(r)) for r in self.running)
+        )
+
+    def launched(self, out: SchedulerOutput) -> None:
+        """A step running `out` was launched: its tokens count as computed from now on and
+        each chunk that samples holds a token in flight, so that the next step can be
+        scheduled before this one ends. Its blocks are registered once it ended
+        (`register`), when the sampled tokens are known."""
+        for chunk in out.chunks:
+            chunk.req.num_computed_tokens += chunk.num_tokens
+            if chunk.sample:
+                chunk.req.num_in_flight += 1
+
+    def register(self, req: Request) -> None:
+        """Register the full blocks of a running request for prefix reuse (the check first:
+        most steps fill no block)."""
+        full = req.num_computed_tokens // self.blocks.block_size
+        if req.status is Status.RUNNING and full > req.num_hashed_blocks:
+            self.blocks.register_full_blocks(req)
 
     def advance(self, out: SchedulerOutput) -> None:
         """Account for a step having run `out`: computed tokens, and blocks that became full

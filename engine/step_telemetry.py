@@ -9,8 +9,8 @@ import torch
 from engine.config import ModelConfig
 from engine.ep.placement import Placement, a2a_bytes, gather_bytes, imbalance
 from engine.request import Request
-from engine.runner import ForwardResult
 from engine.scheduler import SchedulerOutput, SchedulerStats
+from engine.step_records import ForwardResult
 from engine.telemetry import (
     A2AInfo,
     BatchInfo,
@@ -41,6 +41,7 @@ class StepStats:
     dur_ms: Durations
     experts: ExpertInfo
     a2a: A2AInfo
+    kv_bytes_per_token_layer: int = 0  # the model's (the twin's simulated steps: 0)
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ def step_telemetry(step: StepStats) -> StepTelemetry:
             finished=len(finished),
             preempted=len(sched.preempted),
         ),
-        kv=kv_info(stats),
+        kv=kv_info(stats, step.kv_bytes_per_token_layer),
         experts=step.experts,
         a2a=step.a2a,
         latency=LatencyInfo(
@@ -106,9 +107,14 @@ def step_telemetry(step: StepStats) -> StepTelemetry:
     )
 
 
-def durations(seconds: list[float], moe_s: float) -> Durations:
-    """`seconds`: schedule, prepare, forward, sample and total, as measured around a step."""
+def durations(
+    seconds: list[float], moe_s: float, host_s: float | None = None, hidden_s: float = 0.0
+) -> Durations:
+    """`seconds`: schedule, prepare, forward, sample and total, as measured around a step;
+    `host_s`: the step's host work (schedule + prepare + sample when not given), `hidden_s`
+    the part of it that ran while a forward pass ran."""
     ms = [round(d * 1000, 3) for d in seconds]
+    host = seconds[0] + seconds[1] + seconds[3] if host_s is None else host_s
     return Durations(
         schedule=ms[0],
         prepare=ms[1],
@@ -116,10 +122,12 @@ def durations(seconds: list[float], moe_s: float) -> Durations:
         moe=round(moe_s * 1000, 3),
         sample=ms[3],
         total=ms[4],
+        host=round(host * 1000, 3),
+        hidden=round(hidden_s * 1000, 3),
     )
 
 
-def kv_info(stats: SchedulerStats) -> KVInfo:
+def kv_info(stats: SchedulerStats, bytes_per_token_layer: int = 0) -> KVInfo:
     s = stats.kv
     return KVInfo(
         block_size=s.block_size,
@@ -129,6 +137,8 @@ def kv_info(stats: SchedulerStats) -> KVInfo:
         cached=s.cached,
         free=s.free,
         tokens=stats.kv_tokens,
+        behind_window=s.behind_window,
+        bytes_per_token_layer=bytes_per_token_layer,
         watermark_blocks=stats.watermark_blocks,
         host_total=s.host_total,
         host_used=s.host_used,
@@ -138,12 +148,16 @@ def kv_info(stats: SchedulerStats) -> KVInfo:
 
 def expert_info(cfg: ModelConfig, result: ForwardResult | None) -> ExpertInfo:
     if result is None:
-        counts = torch.zeros(cfg.num_layers, cfg.num_experts, dtype=torch.long)
-        dropped = [0] * cfg.num_layers
+        counts = torch.zeros(cfg.num_moe_layers, cfg.num_experts, dtype=torch.long)
+        dropped = [0] * cfg.num_moe_layers
     else:
         counts = result.expert_counts
         dropped = result.expert_dropped.tolist()
-    return expert_counts_info(counts, dropped, cfg.top_k)
+    info = expert_counts_info(counts, dropped, cfg.top_k)
+    info.moe_layers = cfg.moe_layers
+    if result is not None and result.group_counts is not None:
+        info.groups = result.group_counts.tolist()
+    return info
 
 
 def expert_counts_info(counts: torch.Tensor, dropped: list[int], top_k: int) -> ExpertInfo:

@@ -14,6 +14,8 @@ class Durations(BaseModel):
     moe: float
     sample: float
     total: float
+    host: float = 0.0  # the step's host work: schedule + prepare + sample (its update)
+    hidden: float = 0.0  # the part of `host` that ran while a forward pass ran (overlap)
 
 
 class Slot(BaseModel):
@@ -69,6 +71,11 @@ class KVInfo(BaseModel):
     host_total: int
     host_used: int
     prefix_hit_rate: float
+    # used blocks behind every sliding layer's window (gpt-oss): full-attention layers still
+    # read them, so they stay; a cache per layer kind could free the sliding layers' share
+    behind_window: int = 0
+    # what one token costs in one layer's cache (MLA's latent or K and V); 0 when not known
+    bytes_per_token_layer: int = 0
 
 
 class ExpertInfo(BaseModel):
@@ -78,6 +85,11 @@ class ExpertInfo(BaseModel):
     counts: list[list[int]]
     dropped: list[int]
     balance: list[float]
+    # the real layer index of each row of `counts` (dense layers have none; empty in records
+    # from before: rows 0..layers-1), and with group-limited routing (DeepSeek) how many
+    # tokens chose each expert group, [row][group]
+    moe_layers: list[int] = []
+    groups: list[list[int]] = []
 
 
 class A2AInfo(BaseModel):
@@ -126,6 +138,7 @@ class RequestRecord(BaseModel):
     preemptions: int
     e2e_ms: float
     priority: int = 0  # SamplingParams.priority (records from before it have none: 0)
+    prompt_token_ids: list[int] | None = None  # with EngineConfig.record_prompts (reruns)
 
 
 class StepTelemetry(BaseModel):

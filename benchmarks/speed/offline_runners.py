@@ -22,11 +22,11 @@ from typing import Any
 import torch
 
 from engine import LLMEngine, SamplingParams
-from engine.telemetry import StepTelemetry
+from engine.telemetry import Durations, StepTelemetry
 from stats import tpot
 
 PAD_ID = 0
-STAGES = ("schedule", "prepare", "forward", "moe", "sample", "total")
+STAGES = tuple(Durations.model_fields)  # every stage a step record times
 
 
 def progress(message: str) -> None:

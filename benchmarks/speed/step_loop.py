@@ -6,13 +6,16 @@ forward time the step records in its telemetry (`dur_ms.forward`), host time = w
 forward (scheduling, building the batch, sampling, updating requests and outputs, the
 telemetry record), and host µs per running request. Two engines of the same configuration,
 A and its A/A control, step in alternating blocks; cells are medians over a window of steps,
-and A/A against A is the noise floor. The early window starts after a few warm-up decode
-steps; the late one ends the run, when every request holds several hundred output tokens: a
-host cost that grows with a request's length shows up as late over early above 1. Not all of
-that ratio is such a cost: after the late steps' longer forward passes, even fixed-cost host
-code (building the step's `dur_ms`, say) ran 1.6-2x slower here, on cold caches. So a third
-engine, "long prompt", runs the late window's context lengths with prompts that long and only
-a few output tokens: late over it is the host cost that grows with a request's output alone.
+and A/A against A is the noise floor. A third engine, "overlap", is A with overlap on: it
+plans step N+1 while step N's forward pass runs on its compute thread, so wall - forward is
+the host time left exposed; `hidden` is the host time (`dur_ms.host`) that ran meanwhile.
+The early window starts after a few warm-up decode steps; the late one ends the run, when
+every request holds several hundred output tokens: a host cost that grows with a request's
+length shows up as late over early above 1. Not all of that ratio is such a cost: after the
+late steps' longer forward passes, even fixed-cost host code (building the step's `dur_ms`,
+say) ran 1.6-2x slower here, on cold caches. So a fourth engine, "long prompt", runs the late
+window's context lengths with prompts that long and only a few output tokens: late over it
+is the host cost that grows with a request's output alone.
 
 Writes its section of benchmarks/RESULTS.md.
 
@@ -42,11 +45,13 @@ MODEL = "synthetic:tiny"
 PROMPT = 8
 WARMUP = 4  # decode steps before the early window
 ARMS = ("A", "A/A")
+OVERLAP = "overlap"  # A with overlap on
 MATCHED = "long prompt"  # the late window's context lengths, with few output tokens
 PREFILL_BUDGET = 65536  # tokens a prefill step may take: long prompts take a few steps
 TARGETS = {
     "exposed": Target(
-        "exposed host time per decode step at 256 running, over forward time (early window)",
+        "exposed host time per decode step at 256 running, over forward time (early window, "
+        "overlap)",
         0.15,
         higher_is_better=False,
     ),
@@ -62,7 +67,7 @@ class Steps:
 
     wall_s: list[float] = field(default_factory=list)
     forward_s: list[float] = field(default_factory=list)
-    parts_ms: list[dict[str, float]] = field(default_factory=list)  # schedule, prepare, sample
+    parts_ms: list[dict[str, float]] = field(default_factory=list)  # schedule, prepare, ...
     output_len: list[int] = field(default_factory=list)
 
 
@@ -100,7 +105,7 @@ def window(steps: Steps, running: int, start: int, stop: int) -> Window:
     )
 
 
-def decoding_engine(running: int, prompt: int, length: int) -> LLMEngine:
+def decoding_engine(running: int, prompt: int, length: int, overlap: bool = False) -> LLMEngine:
     """An engine with `running` requests of `prompt` tokens prefilled and past the warm-up
     decode steps; each can decode `length` more tokens without ending."""
     budget = min(running * prompt, PREFILL_BUDGET)
@@ -112,6 +117,7 @@ def decoding_engine(running: int, prompt: int, length: int) -> LLMEngine:
         num_kv_blocks=running * -(-(prompt + max_tokens) // 16),
         max_num_batched_tokens=budget,
         threads=1,
+        overlap=overlap,
     )
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     for i in range(running):
@@ -132,7 +138,15 @@ def timed_step(engine: LLMEngine, steps: Steps, running: int, prompt: int) -> No
     steps.wall_s.append(wall)
     steps.forward_s.append(tele.dur_ms.forward / 1000)
     d = tele.dur_ms
-    steps.parts_ms.append({"schedule": d.schedule, "prepare": d.prepare, "sample": d.sample})
+    steps.parts_ms.append(
+        {
+            "schedule": d.schedule,
+            "prepare": d.prepare,
+            "sample": d.sample,
+            "host": d.host,
+            "hidden": d.hidden,
+        }
+    )
     steps.output_len.append(tele.batch.slots[0].ctx - prompt + 1)
 
 
@@ -141,9 +155,12 @@ def run_size(running: int, length: int, block: int, width: int) -> dict[str, Ste
     of `block` whose order rotates; the long-prompt engine joins for the late window, so that
     all three arms run it under the same conditions."""
     long_prompt = PROMPT + length - width
-    prompts = {**dict.fromkeys(ARMS, PROMPT), MATCHED: long_prompt}
-    todo = {**dict.fromkeys(ARMS, length), MATCHED: width}
-    engines = {arm: decoding_engine(running, prompts[arm], todo[arm]) for arm in prompts}
+    prompts = {**dict.fromkeys((*ARMS, OVERLAP), PROMPT), MATCHED: long_prompt}
+    todo = {**dict.fromkeys((*ARMS, OVERLAP), length), MATCHED: width}
+    engines = {
+        arm: decoding_engine(running, prompts[arm], todo[arm], overlap=arm == OVERLAP)
+        for arm in prompts
+    }
     steps = {arm: Steps() for arm in prompts}
     for b in itertools.count():
         late = len(steps["A"].wall_s) >= length - width
@@ -153,6 +170,9 @@ def run_size(running: int, length: int, block: int, width: int) -> dict[str, Ste
         for arm in arms[b % len(arms) :] + arms[: b % len(arms)]:
             for _ in range(min(block, todo[arm] - len(steps[arm].wall_s))):
                 timed_step(engines[arm], steps[arm], running, prompts[arm])
+            engines[arm].settle()  # its step in flight must not run into the next arm's
+    for engine in engines.values():
+        engine.close()
     del engines
     gc.collect()
     return steps
@@ -172,7 +192,7 @@ def summarize(runs: dict[int, dict[str, Steps]], width: int) -> dict[str, Any]:
     early, late = windows["early"], windows["late"]
     largest = sizes[-1], "A"
     values = {
-        "exposed": early[at_256, "A"].host_over_forward,
+        "exposed": early[at_256, OVERLAP].host_over_forward,
         "flat": late[largest].host_us_per_request / early[largest].host_us_per_request,
     }
     targets = {k: {"value": v, "met": TARGETS[k].met(v)} for k, v in values.items()}
@@ -183,16 +203,18 @@ def render_windows(name: str, windows: dict[tuple[int, str], Window]) -> list[st
     lines = [
         f"{name} window:",
         "",
-        "| running | arm | output tokens | wall ms | forward ms | host ms | host / forward | "
-        "host µs per request | schedule ms | prepare ms | sample + update ms |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| running | arm | output tokens | wall ms | forward ms | exposed host ms | "
+        "exposed / forward | exposed µs per request | schedule ms | prepare ms | "
+        "sample + update ms | host ms | hidden ms |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for (running, arm), w in sorted(windows.items()):  # A, A/A, long prompt
+    for (running, arm), w in sorted(windows.items()):  # A, A/A, long prompt, overlap
         p = w.parts_ms
         lines.append(
             f"| {running} | {arm} | {w.output_len} | {w.wall_ms:.2f} | {w.forward_ms:.2f} | "
             f"{w.host_ms:.2f} | {w.host_over_forward:.2f} | **{w.host_us_per_request:.1f}** | "
-            f"{p['schedule']:.2f} | {p['prepare']:.2f} | {p['sample']:.2f} |"
+            f"{p['schedule']:.2f} | {p['prepare']:.2f} | {p['sample']:.2f} | "
+            f"{p['host']:.2f} | {p['hidden']:.2f} |"
         )
     return lines
 
@@ -202,10 +224,12 @@ def render_flatness(summary: dict[str, Any]) -> list[str]:
     lines = [
         "Host µs per request in the late window, over the early window (1: no cost grows with "
         "a request's length) and over the long-prompt engine at the same context lengths (1: "
-        "none grows with its output):",
+        "none grows with its output); exposed host time over forward time, overlap off (A) "
+        "and on:",
         "",
-        "| running | late / early, A | late / early, A/A | late / long prompt, A |",
-        "| --- | --- | --- | --- |",
+        "| running | late / early, A | late / early, A/A | late / long prompt, A | "
+        "exposed / forward, A | exposed / forward, overlap |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for running in sorted({r for r, _ in early}):
         us = late[running, "A"].host_us_per_request
@@ -214,7 +238,11 @@ def render_flatness(summary: dict[str, Any]) -> list[str]:
             for a in ARMS
         ]
         matched = us / late[running, MATCHED].host_us_per_request
-        lines.append(f"| {running} | {ratios[0]:.2f} | {ratios[1]:.2f} | {matched:.2f} |")
+        off, on = (early[running, a].host_over_forward for a in ("A", OVERLAP))
+        lines.append(
+            f"| {running} | {ratios[0]:.2f} | {ratios[1]:.2f} | {matched:.2f} | "
+            f"{off:.2f} | {on:.2f} |"
+        )
     return lines
 
 

@@ -111,9 +111,9 @@ def test_auto_rebalance_every_n_steps_keeps_outputs() -> None:
 def test_automatic_rebalancing_skips_a_plan_predicted_no_better(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import engine.engine as engine_module
+    import engine.expert_loads as expert_loads
 
-    monkeypatch.setattr(engine_module, "rebalance", lambda loads, old, replicas: old)
+    monkeypatch.setattr(expert_loads, "rebalance", lambda loads, old, replicas: old)
     engine = LLMEngine(model="synthetic:tiny", ep_size=2, eplb_interval_steps=2, router_skew=1.5)
     engine.add_request(list(range(3, 20)), SamplingParams(max_tokens=8, ignore_eos=True))
     changes = [c for _ in range(8) for c in engine.step().telemetry.knob_changes]

@@ -7,9 +7,9 @@ from engine.ep.placement import Placement
 from engine.knobs import Knobs
 from engine.kv_cache import BlockManager
 from engine.request import Request
-from engine.runner import ForwardResult
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
+from engine.step_records import ForwardResult
 from engine.step_telemetry import EPInfo, StepStats, a2a_info, expert_counts_info, step_telemetry
 from engine.telemetry import Durations
 
