@@ -10,7 +10,7 @@ from engine.config import CacheConfig
 from engine.ep.placement import Placement
 from engine.errors import InvalidInput
 from engine.knobs import Knobs
-from tuning.attribution.causes import Timeline, attribute
+from tuning.attribution.causes import Timeline, attribute, rounded
 from tuning.attribution.summary import over_time, report, summarize
 from tuning.twin.experts import ExpertDraw, routing
 from tuning.twin.simulator import Setup, simulate
@@ -202,3 +202,57 @@ def test_a_report_holds_the_summary_buckets_and_the_latest_timelines() -> None:
     assert [t["req"] for t in out["recent"]] == ["sim-4", "sim-5"]
     assert out["recent"][-1]["phases"][0]["cause"] == "queue_slots"
     assert sum(b["requests"] for b in out["over_time"]) == 6
+
+
+def step_record(i: int, t: float, total_ms: float, slots: list[tuple[str, str, int, int]]) -> dict:
+    """A StepTelemetry dict (the fields attribution reads): step `i` ends at `t` after
+    `total_ms`; `slots`: (req, phase, tokens, ctx)."""
+    prefill = sum(n for _, phase, n, _ in slots if phase == "prefill")
+    return {
+        "v": 2,
+        "step": i,
+        "t": t,
+        "dur_ms": {"total": total_ms, "moe": 0.0},
+        "batch": {
+            "num_prefill_tokens": prefill,
+            "num_decode_tokens": sum(1 for _, phase, _, _ in slots if phase == "decode"),
+            "slots": [
+                {"slot": 0, "req": r, "phase": ph, "tokens": n, "ctx": c} for r, ph, n, c in slots
+            ],
+        },
+        "a2a": {"ep_size": 1, "imbalance": 1.0},
+        "sched": {"blocked": None, "ahead_arrival": None, "preempted": []},
+    }
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_causes_add_up_when_step_spans_overlap(overlap: bool) -> None:
+    """A request prefills (8 tokens) in step 0 and decodes in steps 1-5, 10 ms apart. A loaded
+    machine stamps a step's `t` up to 3 ms before its `total` stops (so `t - total` reaches
+    back into the step before); with overlap, a step's `total` runs from its planning, which
+    began while the step before ran (20 ms, two steps' worth). Either way each 10 ms between
+    two steps' ends is counted once."""
+    late = [0.0, 3.0, 0.0, 3.0, 0.0, 3.0]  # ms between `t` and the end of `total`
+    steps = []
+    for i in range(6):
+        t = 0.010 * (i + 1) - late[i] / 1000
+        total = 20.0 if overlap and i else 9.5  # 0.5 ms between steps
+        slot = ("r", "prefill", 8, 8) if i == 0 else ("r", "decode", 1, 8 + i)
+        steps.append(step_record(i, t, total, [slot]))
+    first, end = steps[0]["t"] - 0.0002, steps[5]["t"] - 0.0002  # its tokens' times
+    record = {
+        "req": "r",
+        "arrival": 0.0,
+        "finished_t": end,
+        "ttft_ms": first * 1000,
+        "e2e_ms": end * 1000,
+        "output_len": 6,
+    }
+    (t,) = attribute([record], steps)
+    assert sum(t.ttft.values()) == pytest.approx(t.ttft_ms, abs=1e-6)
+    assert sum(t.ttft.values()) + sum(t.after.values()) == pytest.approx(t.e2e_ms, abs=1e-6)
+    assert rounded(t.ttft) == pytest.approx({"overhead": 0.5, "prefill": 9.3})
+    if overlap:  # each step's own time is the 10 ms since the step before ended
+        assert rounded(t.after) == pytest.approx({"overhead": 0.2, "decode": 46.8})
+    phases = t.phases
+    assert all(a.t1 <= b.t0 + 1e-12 for a, b in zip(phases, phases[1:], strict=False))

@@ -1,10 +1,13 @@
 """Why a request was slow: its wait for the first token and its decoding, split by cause step by
 step, from StepTelemetry records (version 2 on) and its RequestRecord.
 
-A request's life from arrival to end is cut at every step's start and end (a step runs from
-`t - dur_ms.total` to `t`), and each piece goes to one cause, or is shared among several in a
-fixed ratio, so the causes add up to the measured TTFT and E2E. The pieces before the first
-token are TTFT's; the rest, divided by the tokens after the first, is TPOT's."""
+A request's life from arrival to end is cut at every step's start and end, and each piece goes
+to one cause, or is shared among several in a fixed ratio, so the causes add up to the
+measured TTFT and E2E. A step's own time runs from `t - dur_ms.total`, or from the step
+before's `t` when that is later, to its `t`: recorded spans overlap (with overlap on, a step
+is planned while the one before runs; and `t` is stamped a little before `total` stops), and
+no time is counted twice. The pieces before the first token are TTFT's; the rest, divided by
+the tokens after the first, is TPOT's."""
 
 import bisect
 from dataclasses import dataclass, field
@@ -112,13 +115,17 @@ class DecodeBase:
     prefill chunks' tax on its decodes. With no decode-only step nothing can be told apart,
     and a mixed step counts whole as decode time."""
 
-    def __init__(self, steps: list[dict[str, Any]]) -> None:
-        only = [s for s in steps if s["batch"]["num_decode_tokens"] and not prefill_tokens(s)]
+    def __init__(self, steps: list[dict[str, Any]], own_ms: list[float]) -> None:
+        only = [
+            i
+            for i, s in enumerate(steps)
+            if s["batch"]["num_decode_tokens"] and not prefill_tokens(s)
+        ]
         self.coef: np.ndarray | None = None
         if not only:
             return
-        n = np.array([s["batch"]["num_decode_tokens"] for s in only], dtype=np.float64)
-        ms = np.array([busy_ms(s) for s in only])
+        n = np.array([steps[i]["batch"]["num_decode_tokens"] for i in only], dtype=np.float64)
+        ms = np.array([own_ms[i] - straggler_ms(steps[i], own_ms[i]) for i in only])
         self.coef = np.array([ms.mean(), 0.0])
         if np.ptp(n) > 0:
             slope, icpt = np.polyfit(n, ms, 1)
@@ -135,40 +142,39 @@ def prefill_tokens(step: dict[str, Any]) -> int:
     return int(step["batch"]["num_prefill_tokens"])
 
 
-def straggler_ms(step: dict[str, Any]) -> float:
-    """The MoE time spent waiting for the busiest expert-parallel rank beyond the mean one."""
+def straggler_ms(step: dict[str, Any], own_ms: float) -> float:
+    """The MoE time spent waiting for the busiest expert-parallel rank beyond the mean one (no
+    more than the step's own time, `own_ms`)."""
     a2a = step["a2a"]
     if a2a["ep_size"] < 2 or a2a["imbalance"] <= 1:
         return 0.0
-    return float(step["dur_ms"]["moe"]) * (1 - 1 / a2a["imbalance"])
-
-
-def busy_ms(step: dict[str, Any]) -> float:
-    """The step's time not spent waiting on a straggling rank."""
-    return float(step["dur_ms"]["total"]) - straggler_ms(step)
+    return min(own_ms, float(step["dur_ms"]["moe"]) * (1 - 1 / a2a["imbalance"]))
 
 
 class Steps:
-    """The steps a set of requests ran in, indexed by time and by request."""
+    """The steps a set of requests ran in, indexed by time and by request, each with its own
+    time: `starts[i]` to `ends[i]`, which never overlap (see the module's docstring)."""
 
     def __init__(self, steps: list[dict[str, Any]]) -> None:
         require_version(steps)
         self.steps = sorted(steps, key=lambda s: s["t"])
-        self.ends = [s["t"] for s in self.steps]
+        self.ends = [float(s["t"]) for s in self.steps]
+        self.starts = [
+            min(end, max(start(s), before))
+            for s, end, before in zip(self.steps, self.ends, [-np.inf, *self.ends], strict=False)
+        ]
+        self.own_ms = [(e - s) * 1000 for s, e in zip(self.starts, self.ends, strict=True)]
         self.slots = [{x["req"]: x for x in s["batch"]["slots"]} for s in self.steps]
         self.preempted = [set(s["sched"]["preempted"]) for s in self.steps]
-        self.base = DecodeBase(self.steps)
+        self.base = DecodeBase(self.steps, self.own_ms)
 
     def between(self, t0: float, t1: float) -> range:
-        """Indices of the steps that end after t0 and start before t1."""
-        lo = bisect.bisect_right(self.ends, t0)
-        hi = lo
-        while hi < len(self.steps) and start(self.steps[hi]) < t1:
-            hi += 1
-        return range(lo, hi)
+        """Indices of the steps whose own time ends after t0 and starts before t1."""
+        return range(bisect.bisect_right(self.ends, t0), bisect.bisect_left(self.starts, t1))
 
 
 def start(step: dict[str, Any]) -> float:
+    """When the step began, as recorded: with overlap on, while the step before ran."""
     return float(step["t"]) - step["dur_ms"]["total"] / 1000
 
 
@@ -202,27 +208,27 @@ class Attributor:
         self.lost_to = 0
 
     def run(self) -> Timeline:
-        prev = self.arrival
+        prev = self.arrival  # the pieces so far cover [arrival, prev], once
         for i in self.steps.between(self.arrival, self.end):
             step = self.steps.steps[i]
             slot = self.steps.slots[i].get(self.req)
             if self.req in self.steps.preempted[i]:
                 self.preempted, self.started = True, False
                 self.lost_to = self.reached
-            s0 = max(start(step), self.arrival)
+            s0 = max(self.steps.starts[i], prev)
             if slot is None:
-                cause, phase = self._idle_cause(step, s0)
+                cause, phase = self._idle_cause(step)
                 self._add(prev, s0, {cause: 1.0}, phase, cause)
                 self._add(s0, step["t"], {cause: 1.0}, phase, cause)
             else:
                 waiting = not self.started
                 self._add(prev, s0, {"overhead": 1.0}, "waiting" if waiting else "", "overhead")
-                self._run(step, slot, s0)
+                self._run(step, slot, s0, self.steps.own_ms[i])
             prev = max(prev, step["t"])
         self._add(prev, self.end, {"overhead": 1.0}, "")
         return self.out
 
-    def _idle_cause(self, step: dict[str, Any], s0: float) -> tuple[str, str]:
+    def _idle_cause(self, step: dict[str, Any]) -> tuple[str, str]:
         """(cause, phase) of a step that did not run the request."""
         if self.preempted:
             return "preemption", "preempted"
@@ -236,7 +242,7 @@ class Attributor:
             return "queue_priority", "waiting"
         return QUEUE[sched["blocked"]], "waiting"
 
-    def _run(self, step: dict[str, Any], slot: dict[str, Any], s0: float) -> None:
+    def _run(self, step: dict[str, Any], slot: dict[str, Any], s0: float, own_ms: float) -> None:
         ctx, n = int(slot["ctx"]), int(slot["tokens"])
         self.started, self.preempted = True, False
         if self.out.first_step is None:
@@ -244,7 +250,7 @@ class Attributor:
         self.out.last_step = step["step"]
         if slot["phase"] == "decode":
             self.reached = max(self.reached, ctx)
-            self._add(s0, step["t"], self._decode_shares(step), "decode")
+            self._add(s0, step["t"], self._decode_shares(step, own_ms), "decode")
             return
         lost = max(0, min(ctx, self.lost_to) - (ctx - n)) / n  # recomputed after preemption
         self.reached = max(self.reached, ctx)
@@ -257,18 +263,18 @@ class Attributor:
         after = "preemption" if lost else "overhead"
         self._add(max(s0, self.first), step["t"], {after: 1.0}, phase)
 
-    def _decode_shares(self, step: dict[str, Any]) -> dict[str, float]:
-        total = float(step["dur_ms"]["total"])
-        if total <= 0:
+    def _decode_shares(self, step: dict[str, Any], own_ms: float) -> dict[str, float]:
+        """Shares of a decode step's own time (`own_ms`), which add up to 1."""
+        if own_ms <= 0:
             return {"decode": 1.0}
-        busy = busy_ms(step)
+        busy = own_ms - straggler_ms(step, own_ms)
         base = busy
         if prefill_tokens(step):
             base = self.steps.base.ms(step["batch"]["num_decode_tokens"], busy)
         return {
-            "straggler": (total - busy) / total,
-            "decode_tax": (busy - base) / total,
-            "decode": base / total,
+            "straggler": (own_ms - busy) / own_ms,
+            "decode_tax": (busy - base) / own_ms,
+            "decode": base / own_ms,
         }
 
     def _add(
