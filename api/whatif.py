@@ -21,33 +21,51 @@ from storage import scorecard as db
 router = APIRouter()
 
 MAX_HORIZON_S = 600.0
+MAX_SESSIONS = 8  # recorded sessions one twin pools
+MAX_ID = 40
 
 
 class WhatIfBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     knobs: dict[str, Any]
-    source: Annotated[str, Field(min_length=1, max_length=40)]  # "live" or a session id
+    # "live", a session id, or several sessions of one engine to pool (the first's trace)
+    source: str | list[str]
     horizon_s: Annotated[float, Field(gt=0, le=MAX_HORIZON_S)] = 60.0
 
 
 @router.post("/api/whatif")
 async def whatif(request: Request, body: WhatIfBody) -> dict[str, Any]:
-    """Current and candidate knobs side by side in the twin, with the fit error and wall time."""
+    """Current and candidate knobs side by side in the twin, each metric a median with an 80%
+    band over several simulations, the saturation, the fit and the wall time."""
     twins: Twins = state_of(request.app).twins
     if not body.knobs:
         raise APIError(422, 'no knobs given; send {"knobs": {"max_num_seqs": 8}, ...}', "knobs")
     check_knob_types(body.knobs, live_knob_schema(state_of(request.app).engine_loop))
+    sessions = source_sessions(body.source)
     try:
-        if body.source == "live":
+        if sessions == ["live"]:
             return await twins.live(body.knobs, body.horizon_s)
+        if "live" in sessions:
+            raise APIError(422, "live cannot be pooled with recorded sessions", "source")
         require_store(request)
-        return await twins.recorded(body.source, body.knobs, body.horizon_s)
+        return await twins.recorded(sessions, body.knobs, body.horizon_s)
     except InvalidInput as exc:
         raise APIError(422, str(exc), exc.param) from None
-    except SessionNotFound:
-        raise APIError(404, f"no session {body.source!r}", "source") from None
+    except SessionNotFound as exc:
+        raise APIError(404, str(exc), "source") from None
     except EngineDead as exc:
         raise APIError(503, str(exc)) from None
+
+
+def source_sessions(source: str | list[str]) -> list[str]:
+    """The sessions a what-if's `source` names; APIError (422, `source`) unless it is one id
+    or 1 to MAX_SESSIONS of them, each 1 to MAX_ID characters."""
+    sessions = [source] if isinstance(source, str) else source
+    if not 1 <= len(sessions) <= MAX_SESSIONS:
+        raise APIError(422, f"source: one session id or a list of 1 to {MAX_SESSIONS}", "source")
+    if any(not 1 <= len(s) <= MAX_ID for s in sessions):
+        raise APIError(422, f"source: each session id is 1 to {MAX_ID} characters", "source")
+    return sessions
 
 
 @router.get("/api/whatif/scorecard")

@@ -16,12 +16,12 @@ import stats
 from cli.args import int_at_least, positive
 from cli.sessions import CommandError, db_argument, with_store
 from cli.tune_verify import VerifyError, verify
-from cli.whatif_text import knob_rows, metric_rows, table, whatif_text
+from cli.whatif_text import knob_rows, metric_rows, saturation_text, table, whatif_text
 from storage import Store
 from storage import queries as q
 from tuning.twin.outcome import METRICS
 from tuning.twin.tune import DEFAULT_KNOBS, Trial, best, candidates, evaluate
-from tuning.twin.whatif import twin_from_recording
+from tuning.twin.whatif import Twin, twin_from_recordings
 
 SLO_KEY = re.compile(r"(ttft|tpot)_p(\d+(?:\.\d+)?)_ms")
 SCORES = ("goodput_rps", "slo_attainment")
@@ -76,13 +76,17 @@ def knob_list(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
 
 
+def session_twin(store: Store, sessions: list[str]) -> Twin:
+    """The twin of the first session's trace, its cost model pooled over all of them."""
+    return twin_from_recordings([q.recording(store, sid) for sid in sessions])
+
+
 def cmd_whatif(store: Store, args: argparse.Namespace) -> None:
-    recording = q.recording(store, args.session)
     start = time.perf_counter()
-    twin = twin_from_recording(*recording)
+    twin = session_twin(store, args.session)
     result = twin.compare(dict(args.set), args.horizon)
     result = {
-        "source": args.session,
+        "source": args.session[0] if len(args.session) == 1 else args.session,
         "horizon_s": args.horizon,
         **result,
         "wall_s": round(time.perf_counter() - start, 4),
@@ -91,10 +95,11 @@ def cmd_whatif(store: Store, args: argparse.Namespace) -> None:
 
 
 def cmd_tune(store: Store, args: argparse.Namespace) -> None:
-    twin = twin_from_recording(*q.recording(store, args.session))
+    twin = session_twin(store, args.session)
+    session = args.session[0]
     settings = candidates(twin, args.knobs, args.trials, args.seed)
     print(
-        f"tune {args.session}: {len(twin.trace)} requests; SLO {args.slo.text}; "
+        f"tune {session}: {len(twin.trace)} requests; SLO {args.slo.text}; "
         f"{len(settings)} settings of {', '.join(args.knobs)}",
         file=sys.stderr,
     )
@@ -107,7 +112,8 @@ def cmd_tune(store: Store, args: argparse.Namespace) -> None:
         raise CommandError(f"no setting could be predicted: {trials[0].refused}")
     refused = sum(t.refused is not None for t in trials)
     report: dict[str, Any] = {
-        "session": args.session,
+        "session": session,
+        "pooled": args.session,
         "slo": {
             "ttft_ms": args.slo.slo.ttft,
             "tpot_ms": args.slo.slo.tpot,
@@ -123,7 +129,7 @@ def cmd_tune(store: Store, args: argparse.Namespace) -> None:
         span = twin.trace[-1].offset_s if twin.trace else 0.0
         knobs = report["best_goodput"]["knobs"]
         try:
-            report["verify"] = verify(args.verify, args.session, knobs, args.slo.slo, 60 + 3 * span)
+            report["verify"] = verify(args.verify, session, knobs, args.slo.slo, 60 + 3 * span)
         except VerifyError as exc:
             raise CommandError(f"--verify {args.verify}: {exc}") from None
     if args.json:
@@ -140,7 +146,7 @@ def _trial(trial: Trial) -> dict[str, Any]:
         "refused": trial.refused,
         "goodput_rps": trial.goodput_rps,
         "slo_attainment": trial.slo_attainment,
-        **{k: out.get(k) for k in ("knobs", *METRICS, "unfinished")},
+        **{k: out.get(k) for k in ("knobs", *METRICS, "unfinished", "bands", "saturation")},
     }
 
 
@@ -151,6 +157,7 @@ def _tune_text(report: dict[str, Any], names: list[str], target: Target) -> str:
     meets = [s["slo_attainment"] is not None and s["slo_attainment"] >= target.share for s in sides]
     rows.append([f"meets {100 * target.share:g}% target", *("yes" if m else "no" for m in meets)])
     rows += metric_rows(sides, (*METRICS, "unfinished"))
+    rows.append(["queue builds in", *(saturation_text(side) for side in sides)])
     lines = [
         f"{report['settings']} settings simulated"
         + (
@@ -158,6 +165,7 @@ def _tune_text(report: dict[str, Any], names: list[str], target: Target) -> str:
             if report["refused"]
             else ""
         ),
+        "values: median of the twin's simulations [80% band]",
         table(["", "current", "best goodput", "best attainment"], rows),
     ]
     if "verify" in report:
@@ -174,8 +182,9 @@ def _tune_text(report: dict[str, Any], names: list[str], target: Target) -> str:
 
 def add_whatif_commands(sub: argparse._SubParsersAction) -> None:
     """The `whatif` and `tune` subcommands."""
+    pooled = "(several: the first's requests, a cost model pooled over all, one engine)"
     p = sub.add_parser("whatif", help="a recorded session under other knobs, in simulation")
-    p.add_argument("session")
+    p.add_argument("session", nargs="+", help=f"recorded session id {pooled}")
     p.add_argument(
         "--set",
         type=knob_setting,
@@ -189,7 +198,7 @@ def add_whatif_commands(sub: argparse._SubParsersAction) -> None:
     db_argument(p)
     p.set_defaults(func=with_store(cmd_whatif))
     p = sub.add_parser("tune", help="search knob settings for an SLO, in simulation")
-    p.add_argument("session")
+    p.add_argument("session", nargs="+", help=f"recorded session id {pooled}")
     p.add_argument(
         "--slo", type=slo_target, required=True, help="e.g. ttft_p90_ms=800,tpot_p90_ms=60"
     )

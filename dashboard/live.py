@@ -14,13 +14,20 @@ from dashboard.client import (
     get_experts,
     get_knobs,
     get_scorecard,
+    get_status,
     patch_knobs,
     preview_knobs,
     rebalance_experts,
 )
-from dashboard.live_charts import live_charts
+from dashboard.live_charts import band_charts, live_charts
 from dashboard.placement import placement_map
-from dashboard.whatif_view import preview_caption, preview_rows, scorecard_rows
+from dashboard.whatif_view import (
+    band_rows,
+    preview_caption,
+    preview_rows,
+    saturation_lines,
+    scorecard_rows,
+)
 
 MAX_WINDOW = 600  # steps the browser keeps
 SHOWN = 300  # steps shown at first
@@ -98,6 +105,9 @@ def preview_panel() -> None:
         return
     st.caption("preview of " + ", ".join(f"{k} = {v}" for k, v in changes.items()))
     st.table(preview_rows(answer))
+    band_charts(band_rows(answer), key="twin_preview_bands")
+    for line in saturation_lines(answer):
+        (st.warning if "builds in" in line else st.caption)(line)
     st.caption(preview_caption(answer))
 
 
@@ -185,8 +195,44 @@ def rebalance_panel(url: str) -> None:
     st.plotly_chart(placement_map(info), key="placement")
 
 
+def model_lines(status: dict[str, Any]) -> list[str]:
+    """What the served model's layers are and cost, from /api/status: KV bytes per token per
+    layer (a latent MLA cache against K and V), sliding layers, which layers are MoE (dense
+    first layers have no expert row in the charts) and group-limited routing."""
+    model, kv = status["model_config"], status["kv_bytes_per_token"]
+    layers = model["num_layers"]
+    if kv["layout"] == "latent":
+        kind = f"latent: {model['kv_lora_rank']} + {model['qk_rope_head_dim']} values"
+    else:
+        kind = f"K and V: {model['num_kv_heads']} heads of {model['head_dim']}"
+    cost = f"KV cache: {kv['per_layer']:,} B per token per layer ({kind}), "
+    cost += f"{kv['all_layers']:,} B per token over {layers} layers"
+    sliding = model["layer_types"].count("sliding_attention")
+    if model["sliding_window"] and sliding:
+        cost += f"; {sliding} of them attend to the last {model['sliding_window']} tokens"
+    dense = model["first_k_dense_replace"]
+    moe = f"MoE layers {dense}–{layers - 1}" if layers - dense > 1 else f"MoE layer {dense}"
+    if dense:
+        moe += f" (dense: {'0' if dense == 1 else f'0–{dense - 1}'})"
+    moe += f", {model['num_experts']} experts, top {model['top_k']}"
+    if model["n_group"] > 1:
+        moe += f", each token's from {model['topk_group']} of {model['n_group']} groups"
+    return [cost, moe]
+
+
+def model_caption(url: str) -> None:
+    try:
+        lines = model_lines(get_status(url))
+    except Exception as exc:  # noqa: BLE001 - any failure is shown, the page keeps running
+        st.caption(f"cannot read the server's status: {exc}")
+        return
+    for line in lines:
+        st.caption(line)
+
+
 def page() -> None:
     url = st.session_state["url"]
+    model_caption(url)
     live_charts(
         url,
         LIVE_PATH,

@@ -88,3 +88,8 @@ def recorded_charts(
         key=key,
         default=None,
     )
+
+
+def band_charts(rows: list[dict[str, Any]], key: str) -> None:
+    """The what-if preview's bands (dashboard.whatif_view.band_rows), drawn in the browser."""
+    _charts(bands=rows, reports=[], key=key, default=None)

@@ -1,5 +1,6 @@
-"""The twin on the page: a preview's predicted deltas and the scorecard of applied changes,
-as plain tables (the numbers come from the server; nothing is computed here)."""
+"""The twin on the page: a preview's predicted medians, bands and deltas, the saturation in
+words, and the scorecard of applied changes, as plain tables and the rows the browser draws
+the bands from (live_charts_web/bands.js); the numbers come from the server."""
 
 from typing import Any
 
@@ -32,17 +33,55 @@ def delta_text(now: float | None, then: float | None, lower_is_better: bool) -> 
     return f"{change:+.0%}{mark}"
 
 
+def band_of(side: dict[str, Any], key: str) -> list[Any]:
+    """[low, high] of a side's metric (both None when the answer has no band)."""
+    return list((side.get("bands") or {}).get(key) or [None, None])
+
+
+def banded_text(side: dict[str, Any], key: str) -> str:
+    """`120 [95 – 160]`: the median and its 80% band, or the median alone."""
+    low, high = band_of(side, key)
+    text = _num(side.get(key))
+    return text if low is None or high is None else f"{text} [{_num(low)} – {_num(high)}]"
+
+
 def preview_rows(answer: dict[str, Any]) -> list[dict[str, str]]:
-    """Rows of the preview table: metric, now, with the change, and the change (▲ better)."""
+    """Rows of the preview table: metric, now and with the change (median [80% band]), and
+    the change of the medians (▲ better)."""
     now, then = answer["current"], answer["candidate"]
     return [
         {
             "metric": label,
-            "now": _num(now.get(key)),
-            "with the change": _num(then.get(key)),
+            "now": banded_text(now, key),
+            "with the change": banded_text(then, key),
             "change": delta_text(now.get(key), then.get(key), lower),
         }
         for key, label, lower in METRICS
+    ]
+
+
+def band_rows(answer: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the browser draws the bands from: per metric, [median, low, high] now and with
+    the change."""
+    now, then = answer["current"], answer["candidate"]
+    return [
+        {
+            "metric": key,
+            "label": label,
+            "now": [now.get(key), *band_of(now, key)],
+            "then": [then.get(key), *band_of(then, key)],
+        }
+        for key, label, _ in METRICS
+    ]
+
+
+def saturation_lines(answer: dict[str, Any]) -> list[str]:
+    """How close each side runs to capacity, in words ("within the noise of saturation: the
+    queue builds in 4 of 10 simulations")."""
+    return [
+        f"{name}: {sat['text']}"
+        for name, side in (("now", answer["current"]), ("with the change", answer["candidate"]))
+        if (sat := side.get("saturation"))
     ]
 
 
@@ -50,8 +89,9 @@ def preview_caption(answer: dict[str, Any]) -> str:
     fit = answer["fit"]
     return (
         f"predicted by the twin over {answer.get('horizon_s', '?')} s "
-        f"({answer.get('requests', '?')} requests simulated); step-cost fit error "
-        f"{fit['mape']:.0%} on {fit['steps']} held-out-checked steps"
+        f"({answer.get('requests', '?')} requests, {answer.get('draws', 1)} simulations a "
+        f"side: median [80% band]); step-cost fit error {fit['mape']:.0%} on {fit['steps']} "
+        "held-out-checked steps"
     )
 
 

@@ -36,6 +36,9 @@ from tuning.twin.whatif import Twin
 # the origin of the SLO autopilot's own changes (server.autopilot_runner): a person's change
 # sent under it would neither pause the autopilot nor be drawn as a person's
 AUTOPILOT_ORIGIN = "autopilot"
+# simulations per candidate at a look: its bands and saturation share, at half a what-if's
+# draws (a look weighs up to a dozen candidates, every few seconds)
+AUTOPILOT_DRAWS = 5
 
 
 class AutopilotRunner:
@@ -221,7 +224,7 @@ def live_trials(
     `inputs` holds the pickled inputs of the autopilot's check (`_check_twin`)."""
     cpu0 = time.process_time()
     twin, horizon_s, slo = _check_twin(inputs)
-    tried = replace(twin, model=twin.model.off_by(errors))
+    tried = replace(twin, model=twin.model.off_by(errors), num_draws=AUTOPILOT_DRAWS)
     trials = [evaluate(tried, c, slo, horizon_s) for c in changes]
     return trials, time.process_time() - cpu0
 

@@ -22,7 +22,12 @@ from tuning.twin.outcome import METRICS, metric_errors
 log = logging.getLogger(__name__)
 
 KEEP = 256  # entries kept in memory, and changes waiting for the twin or for their horizon
-SIDE = ("knobs", *METRICS, "unfinished")  # what an entry keeps of each predicted side
+# what an entry keeps of each predicted side: medians, 80% bands and the saturation
+SIDE = ("knobs", *METRICS, "unfinished", "bands", "saturation")
+# simulations a prediction runs (the nominal one and two drawn): every applied change is
+# predicted, and only within its horizon (STALE); five a side took longer than a 3 s horizon
+# on a machine with 2 cores and a load average of 12
+DRAWS = 3
 # a prediction is made within its change's horizon, or not at all: the twin predicts from the
 # queue as it stands, which a change whose horizon has passed no longer shaped
 STALE = "no prediction: the twin was busy until the change's horizon had passed"
@@ -100,7 +105,9 @@ class Scorecard:
     async def _predict(self, entry: dict[str, Any]) -> None:
         new = {k: new for k, (_, new) in entry["changes"].items() if k in Knobs.model_fields}
         try:
-            result = await self.twins.live(new, self.horizon_s, version=entry["version"] - 1)
+            result = await self.twins.live(
+                new, self.horizon_s, version=entry["version"] - 1, draws=DRAWS
+            )
             entry["predicted"] = _slim(result)
         except (InvalidInput, EngineDead) as exc:
             entry["reason"] = f"no prediction: {exc}"
@@ -146,6 +153,7 @@ def _slim(result: dict[str, Any]) -> dict[str, Any]:
     return {
         **sides,
         "fit": result["fit"],
+        "draws": result["draws"],
         "requests": result["requests"],
         "t": result["t"],
         "wall_s": result["wall_s"],

@@ -4,6 +4,7 @@ server, whose GIL the engine thread needs at every torch operation)."""
 
 import asyncio
 import time
+from dataclasses import replace
 from typing import Any
 
 from engine.loop import EngineLoop
@@ -13,12 +14,11 @@ from server.engine_info import engine_description
 from server.live_window import LiveWindow
 from storage import Store
 from storage import queries as q
+from tuning.twin.bands import DRAWS
 from tuning.twin.cost_model import Rows, stack
 from tuning.twin.experts import Routing
 from tuning.twin.live import arrival_window, twin_from_live
-from tuning.twin.whatif import twin_from_recording
-
-Recording = tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]  # q.recording's
+from tuning.twin.whatif import Recording, twin_from_recordings
 
 
 class Twins:
@@ -35,17 +35,23 @@ class Twins:
         self.lock = asyncio.Lock()  # simulations share the CPU with the engine: one at a time
 
     async def recorded(
-        self, session_id: str, changes: dict[str, Any], horizon_s: float
+        self, session_ids: list[str], changes: dict[str, Any], horizon_s: float
     ) -> dict[str, Any]:
-        """Twin.compare on a recorded session (SessionNotFound, InvalidInput as raised)."""
-        assert self.store is not None
+        """Twin.compare on recorded sessions of one engine: the first one's trace and knobs,
+        the cost model pooled over all (SessionNotFound, InvalidInput as raised)."""
+        store = self.store
+        assert store is not None
         async with self.lock:  # read under the lock: callers waiting in line hold no copy
-            recording = await asyncio.to_thread(q.recording, self.store, session_id)
-            run = self.analysis.submit(_recorded, session_id, recording, changes, horizon_s)
+            recordings = [await asyncio.to_thread(q.recording, store, sid) for sid in session_ids]
+            run = self.analysis.submit(_recorded, session_ids, recordings, changes, horizon_s)
             return await asyncio.wrap_future(run)
 
     async def live(
-        self, changes: dict[str, Any], horizon_s: float, version: int | None = None
+        self,
+        changes: dict[str, Any],
+        horizon_s: float,
+        version: int | None = None,
+        draws: int = DRAWS,
     ) -> dict[str, Any]:
         """Twin.compare from the live engine as it stands, with the approximations made; the
         current side under the knobs in force at `version` (default: now). Raises InvalidInput
@@ -60,17 +66,22 @@ class Twins:
             window_s = arrival_window(snapshot.t - self.window.started_t)
             config = engine_description(self.engine_loop)
             rows = stack(self.window.fit_rows.rows())
-            args = (config, routing, rows, recent, snapshot, window_s, changes, horizon_s, version)
-            return await asyncio.wrap_future(self.analysis.submit(_live, *args))
+            args = (config, routing, rows, recent, snapshot, window_s, changes, horizon_s)
+            run = self.analysis.submit(_live, *args, version, draws)
+            return await asyncio.wrap_future(run)
 
 
 def _recorded(
-    session_id: str, recording: Recording, changes: dict[str, Any], horizon_s: float
+    session_ids: list[str],
+    recordings: list[Recording],
+    changes: dict[str, Any],
+    horizon_s: float,
 ) -> dict[str, Any]:
     start = time.perf_counter()
-    twin = twin_from_recording(*recording)
+    twin = twin_from_recordings(recordings)
     result = twin.compare(changes, horizon_s)
-    return {"source": session_id, "horizon_s": horizon_s, **result, "wall_s": _since(start)}
+    source = session_ids[0] if len(session_ids) == 1 else session_ids
+    return {"source": source, "horizon_s": horizon_s, **result, "wall_s": _since(start)}
 
 
 def _live(
@@ -83,12 +94,13 @@ def _live(
     changes: dict[str, Any],
     horizon_s: float,
     version: int | None,
+    draws: int,
 ) -> dict[str, Any]:
     start = time.perf_counter()
     twin, notes = twin_from_live(
         config, routing, rows, recent, snapshot, window_s, horizon_s, version
     )
-    result = twin.compare(changes, horizon_s)
+    result = replace(twin, num_draws=draws).compare(changes, horizon_s)
     return {
         "source": "live",
         "horizon_s": horizon_s,

@@ -5,6 +5,7 @@
 // arguments name (reports.js), read from the server's HTTP routes. Python sends the
 // arguments once; no frame and no report passes through it.
 
+import { drawBands } from "./bands.js";
 import { Charts } from "./draw.js";
 import { CONNECTED, CONNECTING, Connection } from "./connection.js";
 import { showControls } from "./controls.js";
@@ -141,7 +142,17 @@ let sessionsKey = null;
 let reports = null;
 let reportsKey = null;
 
+/** The what-if preview's bands (`args.bands`), drawn once plotly.js is there. */
+function showBands(rows) {
+  if (window.Plotly) drawBands($("panels"), rows);
+  else setTimeout(() => showBands(rows), IDLE_MS);
+}
+
 onRender((args) => {
+  if (args.bands) {
+    showBands(args.bands);
+    return;
+  }
   const asked = JSON.stringify([args.reports, args.token]);
   if (asked !== reportsKey) {
     if (reports) reports.stop();

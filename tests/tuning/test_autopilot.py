@@ -2,6 +2,7 @@
 a reason in words; rollback, pauses, refusals and waiting."""
 
 import math
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -91,6 +92,11 @@ def test_queueing_for_slots_raises_max_num_seqs() -> None:
     assert "queueing for a slot: max_num_seqs" in decision.reason
     assert "max_num_seqs 2 → 4" in decision.reason and "predicted p90 TTFT" in decision.reason
     assert decision.predicted is not None and decision.predicted["slo_attainment"] > 0.5
+    # the prediction is a median with its 80% band over the twin's simulations
+    low, high = decision.predicted["bands"]["ttft_p90_ms"]
+    assert low <= decision.predicted["ttft_p90_ms"] <= high
+    assert decision.predicted["saturation"]["draws"] > 1
+    assert re.search(r"predicted p90 TTFT \S+ m?s → \S+ m?s \[\S+ m?s-\S+ m?s\]", decision.reason)
 
 
 def test_slow_big_decode_batches_lower_max_num_seqs() -> None:
@@ -886,3 +892,34 @@ def test_serve_flag_targets_parse() -> None:
         parse_targets("ttft_p90_ms=fast")
     with pytest.raises(ValueError, match="ttft_p90_ms"):
         parse_targets("ttft_p90_ms=-1")
+
+
+def near_capacity(current: float, candidates: float) -> Any:
+    """An evaluate predicting 40% attainment as the knobs are and 90% under every candidate,
+    the queue building in a `current` and `candidates` share of the simulations."""
+
+    def run(changes: list[dict[str, Any]], window_s: float, *_: Any) -> list[Trial]:
+        out = []
+        for c in changes:
+            share = candidates if c else current
+            builds = round(10 * share)
+            text = f"within the noise of saturation: the queue builds in {builds} of 10 simulations"
+            outcome = {"ttft_p90_ms": 100.0, "saturation": {"share": share, "text": text}}
+            out.append(Trial(c, outcome, 1.0, 0.9 if c else 0.4))
+        return out
+
+    return run
+
+
+def test_a_candidate_within_the_noise_of_saturation_is_skipped_as_risky() -> None:
+    """Every candidate would gain 50 points, but its queue builds in 4 of 10 simulations where
+    the knobs as they are never build one: no change, and the note says why. A candidate that
+    builds one less often than the knobs as they are is a rescue, and is made."""
+    misses = [record(95 + 0.4 * i, 900.0) for i in range(10)]
+    pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50))
+    assert pilot.tick(100.0, Knobs(), misses, no_attribution, near_capacity(0.0, 0.4)) is None
+    assert pilot.phase == Phase.HOLDING
+    assert "risky: within the noise of saturation: the queue builds in 4 of 10" in pilot.note
+    pilot = Autopilot(settings(ttft_p90_ms=500, tpot_p90_ms=50))
+    decision = pilot.tick(100.0, Knobs(), misses, no_attribution, near_capacity(1.0, 0.4))
+    assert decision is not None and decision.action == "change"

@@ -9,8 +9,11 @@ Timing MoE apart keeps expert load and batch size from standing in for each othe
 move together until a capacity factor drops pairs). Step time plus overhead is how far a
 step moves the clock. Non-negative weights keep the model monotone, so it extrapolates
 sanely to larger batches than it saw, and `outside` says when a step lies far beyond them.
+What the fit gets wrong on held-out steps is kept (`Residuals`): the bands of a what-if draw
+step costs from it (tuning.twin.bands).
 """
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -29,6 +32,44 @@ REACH = 2.0  # how far past the largest value seen a step may lie and still be p
 SHAPE = ("prefill_tokens", "prefill_attn_k", "decode_seqs", "decode_ctx_k", "expert_pairs_k")
 SHAPE_AT = tuple(FEATURES.index(name) for name in SHAPE)
 _SHAPE_INDEX = np.array(SHAPE_AT)  # to index arrays with; a tuple iterates faster (fit_rows)
+SEGMENTS = 4  # one run's steps, cut in this many stretches of time, stand in for several runs
+MIN_POOL = 8  # held-out steps of a shape needed to draw its costs from them alone
+
+
+def shape_key(x: np.ndarray) -> tuple[int, ...]:
+    """The binary order of magnitude of each SHAPE feature of a row of FEATURES."""
+    return tuple(int(math.log2(1.0 + x[i])) for i in SHAPE_AT)
+
+
+@dataclass(frozen=True)
+class Residuals:
+    """What the fit got wrong on held-out steps, as measured period over predicted period.
+
+    `runs`: per run fitted (a session of a pooled fit, else a stretch of the one run), the
+    ratio of its held-out steps' measured time to their predicted time: how much slower or
+    faster a whole run went (other work on the machine, another client). `by_shape`: per step
+    shape (`shape_key`) with at least MIN_POOL held-out steps, each step's ratio over its
+    run's: the step-to-step error, which differs by shape (a long prefill's is not a decode's);
+    `overall` pools every shape's."""
+
+    runs: np.ndarray
+    by_shape: dict[tuple[int, ...], np.ndarray]
+    overall: np.ndarray
+
+    def pool(self, x: np.ndarray) -> np.ndarray:
+        """The step ratios to draw a step of FEATURES `x`'s cost from."""
+        return self.by_shape.get(shape_key(x), self.overall)
+
+    def describe(self) -> dict[str, Any]:
+        q = np.percentile(self.overall, [10, 90]).round(3).tolist() if self.overall.size else []
+        return {
+            "runs": self.runs.round(3).tolist(),
+            "shapes": len(self.by_shape),
+            "step_ratio_p10_p90": q,
+        }
+
+
+NO_RESIDUALS = Residuals(np.ones(1), {}, np.ones(1))
 
 
 @dataclass(frozen=True)
@@ -38,6 +79,7 @@ class CostModel:
     seen_max: np.ndarray  # the largest value of each feature in the fit
     mape: float  # of the step period on held-out steps
     num_steps: int
+    residuals: Residuals = NO_RESIDUALS
 
     def step_ms(self, x: np.ndarray) -> float:
         return float(self.step_w @ x)
@@ -66,6 +108,7 @@ class CostModel:
         return {
             "steps": self.num_steps,
             "mape": round(self.mape, 4),
+            "residuals": self.residuals.describe(),
             "step_ms_per_unit": dict(zip(FEATURES, self.step_w.round(5).tolist(), strict=True)),
             "overhead_ms_per_unit": dict(
                 zip(FEATURES, self.overhead_w.round(5).tolist(), strict=True)
@@ -135,8 +178,18 @@ def fit(steps: list[dict[str, Any]], initial_knobs: dict[str, Any]) -> CostModel
     return fit_rows(training_rows(steps, knobs_by_step(initial_knobs, steps)))
 
 
-def fit_rows(rows: Rows) -> CostModel:
-    """Fit from training rows; InvalidInput (`source`) with fewer than MIN_STEPS."""
+def fit_pooled(sessions: Sequence[tuple[list[dict[str, Any]], dict[str, Any]]]) -> CostModel:
+    """Fit on the steps of several sessions of one engine ((steps, first knobs) each), so the
+    held-out errors carry the run-to-run variation between them; InvalidInput as `fit`."""
+    parts = [training_rows(steps, knobs_by_step(knobs, steps)) for steps, knobs in sessions]
+    rows = Rows(*(np.concatenate(cols) for cols in zip(*parts, strict=True)))
+    runs = np.concatenate([np.full(len(part.x), i) for i, part in enumerate(parts)])
+    return fit_rows(rows, runs)
+
+
+def fit_rows(rows: Rows, runs: np.ndarray | None = None) -> CostModel:
+    """Fit from training rows; InvalidInput (`source`) with fewer than MIN_STEPS. `runs` gives
+    each row's run (default: one run, in order, cut into SEGMENTS stretches)."""
     x, step_ms, moe_ms, overhead_ms = rows
     if len(x) < MIN_STEPS:
         raise InvalidInput(
@@ -151,9 +204,34 @@ def fit_rows(rows: Rows) -> CostModel:
     period = step_ms[held] + overhead_ms[held]
     predicted = x[held] @ (w_step + w_over)
     mape = float(np.mean(np.abs(predicted - period) / np.maximum(period, 1e-3)))
+    if runs is None or len(np.unique(runs)) < 2:
+        runs = np.arange(len(x)) * SEGMENTS // len(x)
+    residuals = _residuals(x[held], period, predicted, runs[held])
     return CostModel(
-        _step_weights(x, step_ms, moe_ms), _fit(x, overhead_ms, BATCH), x.max(axis=0), mape, len(x)
+        _step_weights(x, step_ms, moe_ms),
+        _fit(x, overhead_ms, BATCH),
+        x.max(axis=0),
+        mape,
+        len(x),
+        residuals,
     )
+
+
+def _residuals(
+    x: np.ndarray, measured: np.ndarray, predicted: np.ndarray, runs: np.ndarray
+) -> Residuals:
+    """The Residuals of held-out steps (their FEATURES, measured and predicted periods and
+    runs)."""
+    predicted = np.maximum(predicted, 1e-3)
+    labels = np.unique(runs)
+    factors = np.array([measured[runs == r].sum() / predicted[runs == r].sum() for r in labels])
+    per_run = dict(zip(labels.tolist(), factors, strict=True))
+    ratios = measured / predicted / np.array([per_run[r] for r in runs.tolist()])
+    shapes: dict[tuple[int, ...], list[float]] = {}
+    for row, ratio in zip(x, ratios, strict=True):
+        shapes.setdefault(shape_key(row), []).append(float(ratio))
+    by_shape = {k: np.array(v) for k, v in shapes.items() if len(v) >= MIN_POOL}
+    return Residuals(factors, by_shape, ratios)
 
 
 def _step_weights(x: np.ndarray, step_ms: np.ndarray, moe_ms: np.ndarray) -> np.ndarray:

@@ -4,22 +4,16 @@ Recent steps alone forget within seconds what a shape costs (on a fast machine 5
 are 3 s), so the first long prompts after a phase of short ones were predicted from a fit
 that had never seen a long chunk's attention, and under-predicted 2.5x."""
 
-import math
 from collections import deque
 from typing import Any
 
 import numpy as np
 
-from tuning.twin.cost_model import SHAPE_AT, knobs_after, training_row
+from tuning.twin.cost_model import knobs_after, shape_key, training_row
 
 RECENT = 4096  # rows of the latest steps, each a few hundred bytes
 PER_SHAPE = 16  # rows kept of each older shape
 MAX_SHAPES = 512  # older shapes kept, the least recently seen dropped first
-
-
-def shape_of(row: np.ndarray) -> tuple[int, ...]:
-    """The binary order of magnitude of each SHAPE feature of a row."""
-    return tuple(int(math.log2(1.0 + row[i])) for i in SHAPE_AT)
 
 
 class FitRows:
@@ -52,7 +46,7 @@ class FitRows:
             self._keep_older(self.recent.popleft())
 
     def _keep_older(self, row: np.ndarray) -> None:
-        shape = shape_of(row)
+        shape = shape_key(row)
         kept = self.older.pop(shape, None) or deque(maxlen=PER_SHAPE)
         kept.append(row)
         self.older[shape] = kept  # dicts keep insertion order: the least recently seen first

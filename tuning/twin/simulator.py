@@ -30,6 +30,7 @@ from tuning.twin.trace import TraceItem
 
 PARAMS = {"temperature": 0.0, "ignore_eos": True}
 MAX_STEPS = 2_000_000  # a guard against a schedule that never ends
+QUEUE_MARKS = (0.5, 1.0)  # where the queue is read, as shares of the arrivals' span (horizon)
 
 
 class StepCost(Protocol):
@@ -90,6 +91,9 @@ class SimResult:
     num_steps: int = 0
     end_s: float = 0.0  # the simulated clock at the end
     cut: list[Cut] = field(default_factory=list)  # the unfinished requests, as far as they got
+    # (time, requests waiting or swapped) at QUEUE_MARKS of the span of arrivals within the
+    # horizon: whether the queue grows (tuning.twin.bands.builds)
+    queued_at: list[tuple[float, int]] = field(default_factory=list)
 
 
 def simulate(
@@ -144,7 +148,12 @@ class _Sim:
 
     def run(self, horizon_s: float | None) -> None:
         sch, res = self.scheduler, self.result
+        last = max((t.offset_s for t in self.trace), default=0.0)
+        span = last if horizon_s is None else min(last, horizon_s)
+        marks = [share * span for share in QUEUE_MARKS] if span > 0 else []
         for _ in range(MAX_STEPS):
+            while marks and self.clock >= marks[0]:
+                res.queued_at.append((marks.pop(0), len(sch.waiting) + len(sch.swapped)))
             if horizon_s is not None and self.clock >= horizon_s:
                 break
             arrived = self._admit_arrivals()
@@ -158,6 +167,7 @@ class _Sim:
                 break  # nothing can ever run (a request larger than the cache)
             if out.chunks:
                 self._step(out, arrived)
+        res.queued_at += [(mark, len(sch.waiting) + len(sch.swapped)) for mark in marks]
         res.unfinished = sch.num_unfinished
         res.queue_at_end = len(sch.waiting)
         res.end_s = self.clock

@@ -3,13 +3,14 @@ scored by goodput and SLO attainment against an SLO."""
 
 import itertools
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import stats
 from engine.errors import InvalidInput
 from engine.knobs import Knobs
-from tuning.twin.outcome import slo_scores
+from tuning.twin.bands import banded
+from tuning.twin.outcome import METRICS, slo_scores
 from tuning.twin.trace import TraceItem
 from tuning.twin.whatif import Twin
 
@@ -81,25 +82,43 @@ def _valid(twin: Twin, changes: dict[str, Any]) -> bool:
 
 @dataclass
 class Trial:
-    """One setting run in the twin: its outcome and scores, or why it could not be predicted."""
+    """One setting run in the twin: its banded outcome and median scores (their bands are in
+    the outcome's `bands`), or why it could not be predicted; `per_draw` holds a Trial of each
+    of the twin's simulations (the nominal one first), so that two settings can be compared
+    draw by draw (each draw meets both the same way)."""
 
     changes: dict[str, Any]
     outcome: dict[str, Any] | None = None
     goodput_rps: float | None = None
     slo_attainment: float | None = None
     refused: str | None = None
+    per_draw: list["Trial"] = field(default_factory=list)
+
+    @property
+    def builds(self) -> float:
+        """The share of the twin's simulations in which the queue built (0 unscored)."""
+        return float((self.outcome or {}).get("saturation", {}).get("share", 0.0))
 
 
 def evaluate(
     twin: Twin, changes: dict[str, Any], slo: stats.SLO, horizon_s: float | None = None
 ) -> Trial:
-    """Run one setting; a setting far beyond the recorded steps is refused, not scored."""
+    """Run one setting over the twin's draws; a setting far beyond the recorded steps is
+    refused, not scored."""
     try:
-        result = twin.predict(changes, horizon_s)
+        knobs = twin.candidate(changes)
+        outcomes, built = twin.outcomes(knobs, horizon_s)
     except InvalidInput as exc:
         return Trial(changes, refused=str(exc))
-    scores = slo_scores(result, slo)
-    return Trial(changes, result, scores["goodput_rps"], scores["slo_attainment"])
+    scores = [slo_scores(o, slo) for o in outcomes]
+    draws = [
+        Trial(changes, o, s["goodput_rps"], s["slo_attainment"])
+        for o, s in zip(outcomes, scores, strict=True)
+    ]
+    each = [{**o, **s} for o, s in zip(outcomes, scores, strict=True)]
+    side = banded(each, built, (*METRICS, "unfinished", *scores[0]))
+    result = {"knobs": knobs.model_dump(), **side}
+    return Trial(changes, result, result["goodput_rps"], result["slo_attainment"], None, draws)
 
 
 def best(trials: list[Trial], by: str) -> Trial | None:

@@ -1,0 +1,156 @@
+"""Bands: a what-if answered by several simulations that vary what the twin does not know.
+
+One simulation gives one number per metric, and near capacity a 30-40% error in step cost
+decides whether a queue builds: a single number read as a promise was off by 3-7x there
+(issue 49). So a what-if runs DRAWS simulations of the same trace and knobs. The first is
+the nominal one (the fit's step costs, the recorded expert loads in recorded order, the
+arrivals as recorded); each other one draws
+
+- step costs: the whole run `Residuals.runs` slower or faster (one run or stretch the fit
+  saw, drawn at random: the run-to-run variation), and each step's cost times a held-out
+  error of its own step shape (`Residuals.pool`);
+- expert loads: the recorded steps of each size replayed from a random start;
+- arrivals: each new arrival shifted by up to JITTER_S either way (HTTP clients and event
+  loops do not deliver at the recorded instant), the order kept by sorting.
+
+Each metric is answered by the median of the draws and an 80% band (their 10th to 90th
+percentiles); the share of draws in which the queue builds (`builds`) says how close the
+setting runs to capacity.
+"""
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+import stats
+from tuning.twin.cost_model import NO_RESIDUALS, CostModel, Residuals
+from tuning.twin.experts import ExpertDraw
+from tuning.twin.simulator import SimResult, StepCost
+from tuning.twin.trace import TraceItem
+
+DRAWS = 10  # simulations per what-if (the nominal one and DRAWS - 1 drawn)
+BAND = (10.0, 90.0)  # percentiles of the draws: an 80% band
+JITTER_S = 0.02  # an arrival lands up to this much earlier or later
+GROWTH_SHARE = 0.15  # the queue builds: it grew by this share of the arrivals between marks
+MIN_GROWTH = 3  # ... and by at least this many requests
+SATURATED = 0.5  # flagged "the queue builds": in at least this share of the draws
+UNIFORM_BLOCK = 4096
+
+
+class NoisyCost:
+    """A model's step costs times one run factor and, per step, a held-out error of the
+    step's shape, drawn by `rng` from `residuals` (a StepCost for the simulator)."""
+
+    def __init__(self, model: StepCost, residuals: Residuals, rng: np.random.Generator) -> None:
+        self.model = model
+        self.residuals = residuals
+        self.rng = rng
+        self.factor = float(rng.choice(residuals.runs))
+        self.last = 1.0  # the ratio drawn for the step being costed
+        self.uniform: list[float] = []  # drawn a block at a time: one draw a call cost 9% of a run
+
+    def step_ms(self, x: np.ndarray) -> float:
+        return self.model.step_ms(x) * self.factor * self.last
+
+    def period_ms(self, x: np.ndarray) -> float:
+        # the simulator asks for the period first, then (keeping steps) the step time
+        if not self.uniform:
+            self.uniform = self.rng.random(UNIFORM_BLOCK).tolist()
+        pool = self.residuals.pool(x)
+        self.last = float(pool[int(self.uniform.pop() * len(pool))])
+        return self.model.period_ms(x) * self.factor * self.last
+
+    def outside(self, x: np.ndarray) -> list[str]:
+        return self.model.outside(x)
+
+
+def jittered(trace: list[TraceItem], rng: random.Random) -> list[TraceItem]:
+    """`trace` with each arrival still to come (offset > 0) moved by up to JITTER_S, kept at
+    or after 0 and in time order; the requests already queued (offset <= 0) stay."""
+    moved = [
+        replace(t, offset_s=max(0.0, t.offset_s + rng.uniform(-JITTER_S, JITTER_S)))
+        if t.offset_s > 0
+        else t
+        for t in trace
+    ]
+    return sorted(moved, key=lambda t: t.offset_s)
+
+
+@dataclass(frozen=True)
+class Draw:
+    """What one simulation of a what-if varies: its cost model, trace, and expert loads' start."""
+
+    model: StepCost
+    trace: list[TraceItem]
+    seed: int | None  # None: the recorded loads from the first (the nominal draw)
+
+
+def draws(model: StepCost, trace: list[TraceItem], n: int, seed: int = 0) -> list[Draw]:
+    """The nominal draw and `n` - 1 drawn ones, seeded: every knob set weighed at one look
+    meets the same draws, so they differ by their knobs. A model that is no fitted CostModel
+    (a test's known costs) has no residuals: its draws vary loads and arrivals only."""
+    residuals = model.residuals if isinstance(model, CostModel) else NO_RESIDUALS
+    out = [Draw(model, trace, None)]
+    for i in range(1, n):
+        rng = np.random.default_rng((seed, i))
+        noisy = NoisyCost(model, residuals, rng)
+        out.append(Draw(noisy, jittered(trace, random.Random(seed * 7919 + i)), i))
+    return out
+
+
+def restart(experts: ExpertDraw, seed: int | None) -> None:
+    """Replay the recorded loads from the first (None) or from a start drawn by `seed`."""
+    experts.restart()
+    if seed is not None:
+        rng = random.Random(seed)
+        experts.used = {size: rng.randrange(len(experts.by_size[size])) for size in experts.sizes}
+
+
+def builds(result: SimResult, trace: list[TraceItem]) -> bool:
+    """Whether the queue grew over the horizon: the requests waiting (or swapped) at the end of
+    the arrivals' span exceed those at its middle by GROWTH_SHARE of the arrivals in between
+    (at least MIN_GROWTH): arrivals outrun what the engine completes."""
+    if len(result.queued_at) < 2:
+        return False
+    (mid_t, mid), (end_t, end) = result.queued_at[0], result.queued_at[-1]
+    arrived = sum(mid_t < t.offset_s <= end_t for t in trace)
+    return end - mid >= max(MIN_GROWTH, GROWTH_SHARE * arrived)
+
+
+def band(values: Sequence[float | None]) -> tuple[float | None, list[float | None]]:
+    """The median and [10th, 90th] percentiles of the draws' values (None where none has one)."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return None, [None, None]
+    low, high = (stats.percentile(known, q) for q in BAND)
+    return stats.percentile(known, 50), [low, high]
+
+
+def saturation(built: Sequence[bool]) -> dict[str, Any]:
+    """How close to capacity a setting runs: in how many draws the queue built, in words."""
+    k, n = sum(built), len(built)
+    if k == 0:
+        text = f"the queue stays bounded in all {n} simulations"
+    elif k == n:
+        text = f"saturated: the queue builds in all {n} simulations"
+    else:
+        text = f"within the noise of saturation: the queue builds in {k} of {n} simulations"
+    return {"builds": k, "draws": n, "share": k / n if n else 0.0, "text": text}
+
+
+def banded(
+    outcomes: list[dict[str, Any]], built: list[bool], names: Sequence[str]
+) -> dict[str, Any]:
+    """One side of a what-if from its draws' outcomes (the first the nominal one): each of
+    `names` as the median with its band in `bands`, the saturation, and the nominal draw's
+    per-request latencies (`latencies_ms`, `cut_ms`, `span_s`)."""
+    out: dict[str, Any] = {"bands": {}}
+    for name in names:
+        out[name], out["bands"][name] = band([o.get(name) for o in outcomes])
+    nominal = outcomes[0]
+    out.update({k: nominal[k] for k in ("latencies_ms", "cut_ms", "span_s") if k in nominal})
+    out["saturation"] = saturation(built)
+    return out
