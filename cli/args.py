@@ -49,6 +49,14 @@ threads = _checked(
 )
 
 
+def kv_cache_args(args: argparse.Namespace) -> dict[str, int | float]:
+    """The device KV cache's size as engine arguments (serve, generate, fleet): its MiB when
+    --kv-cache-memory-mib is given, else --kv-blocks."""
+    if args.kv_cache_memory_mib is not None:
+        return {"kv_cache_memory_mib": args.kv_cache_memory_mib}
+    return {"num_kv_blocks": args.kv_blocks}
+
+
 def describe(exc: BaseException) -> str:
     """An exception as one line: its message (a file error's reason), else its type's name."""
     if isinstance(exc, pydantic.ValidationError):

@@ -20,12 +20,14 @@ from cli.args import (
     autopilot_targets,
     describe,
     int_at_least,
+    kv_cache_args,
     non_negative,
     port,
     positive,
     threads,
 )
 from cli.demo import run_demo
+from cli.fleet import add_fleet_command
 from cli.loadgen import add_load_arguments, main_load, percentiles_text
 from cli.sessions import add_session_commands, default_db
 from cli.whatif import add_whatif_commands
@@ -125,9 +127,10 @@ def cmd_generate(args: argparse.Namespace) -> None:
             args.model,
             dtype=args.dtype,
             device=args.device,
-            num_kv_blocks=args.kv_blocks,
             max_num_seqs=args.max_num_seqs,
             threads=args.threads,
+            overlap=args.overlap,
+            **kv_cache_args(args),
         )
         prompts, params = workload(llm, args.num_prompts, args.max_tokens, args.seed)
         start = time.perf_counter()
@@ -162,7 +165,6 @@ def cmd_serve(args: argparse.Namespace) -> None:
         dtype=args.dtype,
         device=args.device,
         seed=args.seed,
-        num_kv_blocks=args.kv_blocks,
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
@@ -170,6 +172,9 @@ def cmd_serve(args: argparse.Namespace) -> None:
         ep_distributed=args.ep is not None,
         router_skew=args.router_skew,
         threads=args.threads,
+        record_prompts=args.record_prompts,
+        overlap=args.overlap,
+        **kv_cache_args(args),
     )
     if rank:
         serve_rank(config_from_args(args.model, **engine_args))
@@ -253,6 +258,11 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--no-record", action="store_true", help="do not record this run")
     p.add_argument(
+        "--record-prompts",
+        action="store_true",
+        help="keep each request's prompt token ids, so a rerun replays the same tokens",
+    )
+    p.add_argument(
         "--record-buffer",
         type=int,
         default=2048,
@@ -311,7 +321,16 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device", type=_device, default="cpu", help="cpu or cuda (Triton kernels on cuda)"
     )
-    p.add_argument("--kv-blocks", type=int_at_least(1), default=2048)
+    kv = p.add_mutually_exclusive_group()  # argparse's error names both flags
+    kv.add_argument("--kv-blocks", type=int_at_least(1), default=2048, help="device KV blocks")
+    kv.add_argument(
+        "--kv-cache-memory-mib",
+        type=positive,
+        default=None,
+        metavar="MIB",
+        help="instead, the device KV cache's size: blocks follow from the model's bytes per "
+        "token (an MLA latent cache holds more tokens than a GQA cache in the same memory)",
+    )
     p.add_argument("--max-num-seqs", type=int_at_least(1), default=64)
     p.add_argument(
         "--threads",
@@ -319,6 +338,12 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="the engine's torch threads: a number, or auto (the cores other processes leave "
         "free, measured each second)",
+    )
+    p.add_argument(
+        "--overlap",
+        action="store_true",
+        help="plan each step while the step before runs on a compute thread (off by default; "
+        "not with --ep)",
     )
 
 
@@ -337,6 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(func=cmd_generate)
     _serve_parser(sub)
+    add_fleet_command(sub, sub.choices["serve"])  # a fleet replica takes serve's arguments
     load = sub.add_parser("load", help="open-loop load generator (OpenAI API)")
     add_load_arguments(load)
     load.set_defaults(func=cmd_load)

@@ -1,4 +1,4 @@
-"""The dashboard (streamlit run this file): the live, replay and compare pages.
+"""The dashboard (streamlit run this file): the live, replay, compare and fleet pages.
 
 The server URL comes from `--url` after `--` on the streamlit command line, the
 MOESCOPE_URL environment variable, or the `url` session-state entry (tests).
@@ -10,7 +10,7 @@ import sys
 
 import streamlit as st
 
-from dashboard import compare_page, live, replay
+from dashboard import compare_page, fleet_page, live, replay
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -30,6 +30,7 @@ def main() -> None:
             st.Page(live.page, title="Live", default=True),
             st.Page(replay.page, title="Replay", url_path="replay"),
             st.Page(compare_page.page, title="Compare", url_path="compare"),
+            st.Page(fleet_page.page, title="Fleet", url_path="fleet"),
         ]
     )
     with st.sidebar:

@@ -209,6 +209,40 @@ def test_generate_with_few_max_tokens(capsys: pytest.CaptureFixture[str]) -> Non
     assert 3 <= tokens <= 15
 
 
+def test_overlap_is_an_engine_argument_of_serve_generate_and_fleet(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--overlap` (off by default) reaches the engine from `generate` and `serve`, and
+    `fleet` hands it to its replicas."""
+    from cli.fleet import spec_from_args
+
+    parse = build_parser().parse_args
+    assert not any(parse([command]).overlap for command in ("serve", "generate", "fleet"))
+    assert all(parse([command, "--overlap"]).overlap for command in ("serve", "generate", "fleet"))
+    assert spec_from_args(parse(["fleet", "--overlap"])).engine_args["overlap"] is True
+    assert spec_from_args(parse(["fleet"])).engine_args["overlap"] is False
+
+    class Stop(Exception):
+        pass
+
+    def build_loop(model: str, **engine_args: object) -> None:
+        raise Stop(engine_args["overlap"])
+
+    monkeypatch.setattr("cli.main.build_loop", build_loop)
+    with pytest.raises(Stop, match="True"):
+        main(["serve", "--overlap", "--no-record"])
+    seen: list[bool] = []
+
+    class Recording(LLM):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            seen.append(self.engine.overlap)
+
+    monkeypatch.setattr("cli.main.LLM", Recording)
+    main(["generate", "--num-prompts", "2", "--max-tokens", "4", "--kv-blocks", "256", "--overlap"])
+    assert seen == [True] and re.search(r"^requests +2$", capsys.readouterr().out, re.M)
+
+
 @pytest.fixture(scope="module")
 def short_context(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny checkpoint whose context (max_position_embeddings) is 256 tokens."""
