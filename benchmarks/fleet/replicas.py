@@ -113,6 +113,9 @@ def fleet_runs(
     load = workload(args.requests, args.long, args.short, args.seed)
     runs = []
     try:
+        # a fresh replica's first requests pay one-off costs (kernel selection, allocator
+        # growth): measured once, they made the first run of a fleet an outlier (A/A x0.27)
+        asyncio.run(run_load(fleet.url, load[: max(8, len(load) // 5)], args.rate, args.max_tokens))
         for policy in policies:
             httpx.patch(
                 fleet.url + "/fleet/knobs", json={"routing_policy": policy}
