@@ -8,10 +8,11 @@ import argparse
 import math
 import os
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pydantic
 
+from server.settings import ServerSettings
 from tuning.autopilot.settings import AutopilotSettings, parse_targets
 
 T = TypeVar("T")
@@ -55,6 +56,45 @@ def kv_cache_args(args: argparse.Namespace) -> dict[str, int | float]:
     if args.kv_cache_memory_mib is not None:
         return {"kv_cache_memory_mib": args.kv_cache_memory_mib}
     return {"num_kv_blocks": args.kv_blocks}
+
+
+def server_settings(args: argparse.Namespace) -> ServerSettings:
+    """The server's settings from `serve`'s arguments (a fleet replica's too)."""
+    return ServerSettings.from_env(
+        model_name=args.served_model_name or args.model,
+        api_key=args.api_key,
+        admin_key=args.admin_key,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_tokens_limit=args.max_tokens_limit,
+        ws_buffer=args.ws_buffer,
+        metrics=not args.no_metrics,
+        db_url=args.db,
+        record=not args.no_record,
+        record_buffer=args.record_buffer,
+        whatif_horizon_s=args.whatif_horizon,
+        autopilot=args.autopilot or AutopilotSettings(),
+        fit_from=args.fit_from,
+    )
+
+
+def serve_engine_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine arguments of `serve` (a fleet replica's too): `--ep` runs real ranks,
+    `--ep-size` models them."""
+    return dict(
+        dtype=args.dtype,
+        device=args.device,
+        seed=args.seed,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        ep_size=args.ep or args.ep_size,
+        ep_distributed=args.ep is not None,
+        router_skew=args.router_skew,
+        threads=args.threads,
+        record_prompts=args.record_prompts,
+        overlap=args.overlap,
+        **kv_cache_args(args),
+    )
 
 
 def describe(exc: BaseException) -> str:

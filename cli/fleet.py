@@ -10,10 +10,8 @@ import sys
 import threading
 from typing import TYPE_CHECKING
 
-from cli.args import int_at_least, kv_cache_args, positive
+from cli.args import int_at_least, positive, serve_engine_args, server_settings
 from fleet import POLICIES
-from server.settings import ServerSettings
-from tuning.autopilot.settings import AutopilotSettings
 
 if TYPE_CHECKING:
     from fleet.app import FleetSpec
@@ -63,34 +61,8 @@ def spec_from_args(args: argparse.Namespace) -> "FleetSpec":
         )
     if args.fit_from is not None:
         raise SystemExit("moescope fleet: --fit-from is per server; not supported in a fleet")
-    settings = ServerSettings.from_env(
-        model_name=args.served_model_name or args.model,
-        api_key=args.api_key,
-        admin_key=args.admin_key,
-        max_prompt_tokens=args.max_prompt_tokens,
-        max_tokens_limit=args.max_tokens_limit,
-        ws_buffer=args.ws_buffer,
-        metrics=not args.no_metrics,
-        db_url=args.db,
-        record=not args.no_record,
-        record_buffer=args.record_buffer,
-        whatif_horizon_s=args.whatif_horizon,
-        autopilot=args.autopilot or AutopilotSettings(),
-    )
-    engine_args = dict(
-        dtype=args.dtype,
-        device=args.device,
-        seed=args.seed,
-        **kv_cache_args(args),
-        block_size=args.block_size,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        ep_size=args.ep_size,
-        router_skew=args.router_skew,
-        threads=args.threads,
-        record_prompts=getattr(args, "record_prompts", False) or None,
-        overlap=args.overlap,
-    )
+    settings = server_settings(args)
+    engine_args = serve_engine_args(args)
     return FleetSpec(
         model=args.model,
         engine_args=engine_args,

@@ -24,6 +24,8 @@ from cli.args import (
     non_negative,
     port,
     positive,
+    serve_engine_args,
+    server_settings,
     threads,
 )
 from cli.demo import run_demo
@@ -37,11 +39,9 @@ from engine.ep.ranks import serve_rank, torchrun_rank
 from engine.errors import InvalidInput
 from engine.model.tokenizer import NoTokenizer
 from engine.outputs import RequestOutput
-from server.settings import ServerSettings
 from server.state import state_of
 from stats import summary
 from storage import SessionNotFound, StorageError
-from tuning.autopilot.settings import AutopilotSettings
 
 ENGINE_ERRORS = (ValueError, RuntimeError)
 WORDS = ["expert", "token", "router", "batch", "cache", "step", "layer", "prefill"]
@@ -141,41 +141,13 @@ def cmd_generate(args: argparse.Namespace) -> None:
 def cmd_serve(args: argparse.Namespace) -> None:
     if args.threads != "auto":
         torch.set_num_threads(args.threads)  # also the expert-parallel ranks' count
-    settings = ServerSettings.from_env(
-        model_name=args.served_model_name or args.model,
-        api_key=args.api_key,
-        admin_key=args.admin_key,
-        max_prompt_tokens=args.max_prompt_tokens,
-        max_tokens_limit=args.max_tokens_limit,
-        ws_buffer=args.ws_buffer,
-        metrics=not args.no_metrics,
-        db_url=args.db,
-        record=not args.no_record,
-        record_buffer=args.record_buffer,
-        whatif_horizon_s=args.whatif_horizon,
-        autopilot=args.autopilot or AutopilotSettings(),
-        fit_from=args.fit_from,
-    )
+    settings = server_settings(args)
     if args.host not in ("127.0.0.1", "localhost", "::1") and settings.api_key is None:
         print(f"warning: serving on {args.host} without an API key", file=sys.stderr)
     rank = torchrun_rank()
     if rank is not None and args.ep is None:
         args.ep = int(os.environ["WORLD_SIZE"])
-    engine_args = dict(
-        dtype=args.dtype,
-        device=args.device,
-        seed=args.seed,
-        block_size=args.block_size,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        ep_size=args.ep or args.ep_size,
-        ep_distributed=args.ep is not None,
-        router_skew=args.router_skew,
-        threads=args.threads,
-        record_prompts=args.record_prompts,
-        overlap=args.overlap,
-        **kv_cache_args(args),
-    )
+    engine_args = serve_engine_args(args)
     if rank:
         serve_rank(config_from_args(args.model, **engine_args))
         return
