@@ -3,8 +3,7 @@ torch thread each, recording into one SQLite database. Starting Ray on 2 busy co
 tens of seconds, so modules share it rather than tests."""
 
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,21 +13,10 @@ import pytest
 # the dashboard suite's browser helpers (which read tests/api's)
 sys.path[:0] = [str(Path(__file__).parents[1] / d) for d in ("dashboard", "api")]
 
+from fleet_checks import MODEL  # noqa: E402
+
 from engine.ep.ranks import free_port  # noqa: E402
 from server.settings import ServerSettings  # noqa: E402
-
-MODEL = "synthetic:tiny"
-DEADLINE_S = 180.0  # only a hang should reach it: a replica restart on 2 busy cores is slow
-
-
-def wait_for(cond: Callable[[], Any], what: str, timeout: float = DEADLINE_S) -> Any:
-    """Poll `cond` until it returns something true; that value."""
-    deadline = time.monotonic() + timeout
-    while not (value := cond()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
-    return value
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +47,3 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 def client(fleet: Any) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=fleet.url, timeout=120) as c:
         yield c
-
-
-def live_rows(client: httpx.Client) -> list[dict[str, Any]]:
-    return [r for r in client.get("/fleet/status").json()["replicas"] if r["health"] == "ok"]

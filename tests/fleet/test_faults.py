@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from browser import CHROMIUM, VIEWPORT, WAIT_MS, chromium, dashboard
-from conftest import MODEL, live_rows, wait_for
+from fleet_checks import MODEL, live_rows, wait_for
 from playwright.sync_api import expect
 from sqlalchemy import create_engine, text
 from websockets.sync.client import ClientConnection, connect

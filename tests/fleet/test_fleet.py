@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from conftest import MODEL, live_rows, wait_for
+from fleet_checks import MODEL, live_rows, wait_for
 from websockets.sync.client import connect
 
 pytestmark = pytest.mark.slow

@@ -18,7 +18,7 @@ from browser import (
     dashboard,
     wait_drawn_past,
 )
-from conftest import MODEL, live_rows, wait_for
+from fleet_checks import MODEL, live_rows, wait_for
 from playwright.sync_api import expect
 
 pytestmark = [
