@@ -75,11 +75,15 @@ def list_sessions(
     request: Request,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0)] = 0,
+    replica: Annotated[str | None, Query(max_length=100)] = None,
+    fleet_run: Annotated[str | None, Query(max_length=100)] = None,
 ) -> dict[str, Any]:
-    """Newest first, with duration, steps, requests, model and the knobs at start."""
+    """Newest first, with duration, steps, requests, model and the knobs at start; only a
+    fleet replica's or a fleet run's with `replica` or `fleet_run`."""
     recorder: Recorder | None = state_of(request.app).recorder
+    store = require_store(request)
     return {
-        "sessions": q.list_sessions(require_store(request), limit, offset),
+        "sessions": q.list_sessions(store, limit, offset, replica=replica, fleet_run=fleet_run),
         "recording": recorder.current_session if recorder else None,
     }
 

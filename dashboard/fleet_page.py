@@ -1,4 +1,4 @@
-"""The Fleet page (`moescope fleet`): a row per replica, the fleet's totals and restarts, the
+"""The Fleet page (`moescope fleet`): a row per replica slot, the fleet's totals and restarts, the
 routing policy, knob changes to one replica or to all, and a click into one replica's Live
 page (the same page, pointed at the ingress's `/replicas/{id}` routes)."""
 
@@ -42,14 +42,18 @@ def _ms(value: float | None) -> str:
 
 
 def rows(status: dict[str, Any]) -> list[dict[str, Any]]:
-    """The table's rows: one per replica, dead ones too."""
+    """The table's rows: one per replica slot (its replica now, dead until replaced), with
+    the slot's restarts and the ids its replacements took over from."""
     table = []
     for r in status["replicas"]:
         up = r["health"] == "ok"
         table.append(
             {
+                "slot": r["slot"],
                 "replica": r["replica"],
                 "health": r["health"],
+                "restarts": r["restarts"],
+                "replaced": ", ".join(r["previous"]) or "–",
                 "slots": f"{r['slots']['running']}/{r['slots']['max']}" if up else "–",
                 "KV": f"{r['kv']['used']}/{r['kv']['usable']}" if up else "–",
                 "queue": r["queue"]["waiting"] if up else None,

@@ -3,29 +3,34 @@
 - `/v1/*`: one replica, picked by the fleet's request router (`fleet/routing.py`).
 - `/replicas/{id}/...` (HTTP and websockets): that replica's own server, unchanged (every
   single-server route; the dashboard's Live page points here for one replica).
-- `GET /fleet/status`: a row per replica (health, slots, KV, queue, TTFT/TPOT p90, expert
-  imbalance, knobs version), the totals and the restarts.
+- `GET /fleet/status`: a row per replica slot (health, slots, KV, queue, TTFT/TPOT p90, expert
+  imbalance, knobs version, restarts), the totals.
 - `GET`/`PATCH /fleet/knobs`, `GET /fleet/knobs/history`: the routing policy (versioned);
   the log of knob changes sent to several replicas (which applied them, at which version).
 - `PATCH /api/knobs?replica=ID|all` (default all): engine knobs of one replica or all; each
   replica keeps its own version and history.
-- `GET /api/status`, `GET /api/knobs`: with `?replica=ID` that replica's; without, the
-  fleet's status / every replica's knobs.
+- `PUT /api/autopilot?replica=ID|all` (default all): the autopilot's settings; each replica
+  runs its own on its own engine.
+- `GET /api/status`, `GET /api/knobs`, `GET /api/autopilot`: with `?replica=ID` that
+  replica's; without, the fleet's status / every replica's knobs / autopilot.
+- `GET /fleet/sessions`: the recorded sessions grouped by fleet run, each naming its replica.
 - `WS /ws/telemetry?replica=ID|all` (default all): steps tagged with their `replica`.
 - `GET /metrics`: every replica's samples, labelled `replica`.
-- anything else (`/api/sessions`, `/ws/replay/...`): `?replica=ID`, else any live replica
-  (every replica records into the one database).
+- anything else (`/api/sessions`, `/ws/replay/...`, `/api/whatif`): `?replica=ID`, else any
+  live replica (every replica records into the one database); a rerun or a what-if runs on
+  the engine of the replica it reaches.
 
 A replica that dies with requests in flight fails them with 503 `replica_unavailable`
 (a stream already started ends with that error as its last event); Ray Serve starts a
-replacement, which registers under a new id; the dead one stays in `/fleet/status` as `dead`.
+replacement under a new id in the dead one's slot: `/fleet/status` has a row per slot, `dead`
+until the replacement registers, then the replacement's with the slot's `restarts` and the
+`previous` ids.
 """
 
 import asyncio
 import hmac
 import json
 from typing import Any
-from urllib.parse import urlencode
 
 import httpx
 from fastapi import FastAPI, Request, WebSocket
@@ -35,153 +40,33 @@ from ray.exceptions import RayError
 from ray.serve.exceptions import RayServeException
 from ray.serve.handle import DeploymentHandle
 from starlette.middleware.cors import CORSMiddleware
-from websockets.asyncio.client import connect
-from websockets.exceptions import WebSocketException
 
-from api.errors import error_body
 from fleet import state
 from fleet.knobs import FleetKnobs
 from fleet.metrics_text import merge_metrics
 from fleet.registry import registry
+from fleet.relay import (
+    died,
+    forwarded_headers,
+    pipe,
+    query_of,
+    refused,
+    relay,
+    stream_wanted,
+    token_of,
+    unavailable,
+    work_of,
+    ws_url,
+)
 
 STATUS_TIMEOUT_S = 5.0
-FORWARDED_HEADERS = ("authorization", "content-type", "accept")
+SESSION_FILTERS = ("fleet_run", "replica", "limit", "offset")  # of GET /fleet/sessions
 
 app = FastAPI(title="moescope fleet")
 # as the single server: the dashboard's charts read the API from the browser (GET with the key)
 app.add_middleware(
     CORSMiddleware, allow_origins=["*"], allow_methods=["GET"], allow_headers=["Authorization"]
 )
-
-
-def unavailable(message: str) -> JSONResponse:
-    return JSONResponse(error_body(503, message) | {"replica_unavailable": True}, status_code=503)
-
-
-def refused(status: int, message: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param), status_code=status)
-
-
-def work_of(body: bytes) -> int:
-    """The tokens a completion asks of its replica, for the router: its prompt (token ids
-    counted, text by its UTF-8 length, a byte-level tokenizer's count) plus max_tokens."""
-    try:
-        request = json.loads(body or b"{}")
-    except ValueError:
-        return 1
-    if not isinstance(request, dict):
-        return 1
-    prompt: Any = request.get("prompt") or [
-        m.get("content") for m in request.get("messages") or [] if isinstance(m, dict)
-    ]
-    max_tokens = request.get("max_tokens") or request.get("max_completion_tokens") or 16
-    return _length(prompt) + (max_tokens if isinstance(max_tokens, int) else 16)
-
-
-def _length(prompt: Any) -> int:
-    if isinstance(prompt, str):
-        return len(prompt.encode())
-    if isinstance(prompt, list):
-        if prompt and all(isinstance(t, int) for t in prompt):
-            return len(prompt)
-        return sum(_length(p) for p in prompt)
-    return 0
-
-
-def _stream_wanted(body: bytes) -> bool:
-    try:
-        request = json.loads(body or b"{}")
-    except ValueError:
-        return False
-    return isinstance(request, dict) and request.get("stream") is True
-
-
-def _headers(request: Request) -> dict[str, str]:
-    return {k: v for k, v in request.headers.items() if k.lower() in FORWARDED_HEADERS}
-
-
-def _query(request: Request) -> str:
-    """The query string without `replica`, which the ingress reads."""
-    return urlencode([(k, v) for k, v in request.query_params.multi_items() if k != "replica"])
-
-
-def _token(request: Request) -> str | None:
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token else None
-
-
-def _died(exc: BaseException) -> str:
-    return (
-        "the replica serving this request died or became unavailable "
-        f"({type(exc).__name__}); Ray Serve restarts it: retry"
-    )
-
-
-async def _relay(gen: Any) -> Any:
-    """A replica's stream; if it dies midway, one last SSE event says so."""
-    try:
-        async for chunk in gen:
-            yield chunk
-    except (RayError, RayServeException, httpx.HTTPError) as exc:
-        yield f"data: {json.dumps(error_body(503, _died(exc)))}\n\n".encode()
-
-
-def _ws_url(http_url: str, path: str, ws: WebSocket) -> str:
-    query = urlencode([(k, v) for k, v in ws.query_params.multi_items() if k != "replica"])
-    return "ws" + http_url.removeprefix("http") + path + (f"?{query}" if query else "")
-
-
-async def _pipe(ws: WebSocket, urls: dict[str, str], tag: bool) -> None:
-    """Relay each replica websocket's messages to `ws` (with `replica` added when `tag`) until
-    the client leaves; messages the client sends go to every replica."""
-    headers = {k: v for k, v in ws.headers.items() if k.lower() == "authorization"}
-    upstreams = []
-    try:
-        for rid, url in urls.items():
-            upstreams.append((rid, await connect(url, additional_headers=headers)))
-    except (OSError, WebSocketException) as exc:
-        await ws.send_text(json.dumps({"error": f"replica unreachable: {type(exc).__name__}"}))
-        await ws.close(code=1011)
-        for _, up in upstreams:
-            await up.close()
-        return
-
-    async def down(rid: str, up: Any) -> None:
-        async for message in up:
-            if tag:
-                message = _tagged(message, rid)
-            await ws.send_text(message if isinstance(message, str) else message.decode())
-
-    async def upward() -> None:
-        while (msg := await ws.receive())["type"] != "websocket.disconnect":
-            if msg.get("text") is not None:
-                for _, up in upstreams:
-                    await up.send(msg["text"])
-
-    client = asyncio.create_task(upward())
-    tasks = [client, *(asyncio.create_task(down(rid, up)) for rid, up in upstreams)]
-    pending = set(tasks)
-    try:
-        # until the client leaves or every replica's stream ended (one that dies leaves the
-        # others streaming; its replacement joins a new connection)
-        while client in pending and len(pending) > 1:
-            _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for _, up in upstreams:
-            await up.close()
-
-
-def _tagged(message: str | bytes, rid: str) -> str:
-    data = json.loads(message)
-    if isinstance(data, list):
-        for record in data:
-            record["replica"] = rid
-    elif isinstance(data, dict):
-        data["replica"] = rid
-    return json.dumps(data)
 
 
 @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0})
@@ -226,7 +111,10 @@ class FleetIngress:
         return str(live[rid]["url"])
 
     async def _row(self, rid: str, entry: dict[str, Any]) -> dict[str, Any]:
-        base = {"replica": rid, "url": entry["url"], "started_t": entry["started_t"]}
+        base = {
+            "replica": rid,
+            **{k: entry[k] for k in ("slot", "restarts", "previous", "url", "started_t")},
+        }
         if "dead_t" in entry:
             return {**base, "health": "dead", "dead_t": entry["dead_t"]}
         try:
@@ -243,8 +131,8 @@ class FleetIngress:
 
     @app.get("/fleet/status")
     async def fleet_status(self, request: Request) -> Response:
-        """A row per replica (dead ones too), the fleet's totals and its knobs."""
-        if (refusal := self._refusal(_token(request))) is not None:
+        """A row per replica slot (dead until replaced), the fleet's totals and its knobs."""
+        if (refusal := self._refusal(token_of(request))) is not None:
             return refusal
         return JSONResponse(await self.status())
 
@@ -256,7 +144,8 @@ class FleetIngress:
             "replicas": rows,
             "totals": {
                 "replicas": len(ok),
-                "restarts": sum(r["health"] == "dead" for r in rows),
+                "restarts": sum(r["restarts"] for r in rows),
+                "dead": sum(r["health"] == "dead" for r in rows),
                 "running": sum(r["slots"]["running"] for r in ok),
                 "slots": sum(r["slots"]["max"] for r in ok),
                 "kv_used": sum(r["kv"]["used"] for r in ok),
@@ -271,14 +160,14 @@ class FleetIngress:
     @app.get("/fleet/knobs")
     async def get_fleet_knobs(self, request: Request) -> Response:
         """The fleet's knobs (the routing policy) and their version."""
-        if (refusal := self._refusal(_token(request))) is not None:
+        if (refusal := self._refusal(token_of(request))) is not None:
             return refusal
         return JSONResponse(self.knobs.current())
 
     @app.patch("/fleet/knobs")
     async def patch_fleet_knobs(self, request: Request) -> Response:
         """Change the routing policy: `least_work`, `round_robin` or `power_of_two`."""
-        if (refusal := self._refusal(_token(request), admin=True)) is not None:
+        if (refusal := self._refusal(token_of(request), admin=True)) is not None:
             return refusal
         try:
             changes = json.loads(await request.body())
@@ -292,7 +181,7 @@ class FleetIngress:
     @app.get("/fleet/knobs/history")
     async def fleet_knob_history(self, request: Request) -> Response:
         """The fleet knobs' changes, and the knob changes sent to several replicas."""
-        if (refusal := self._refusal(_token(request))) is not None:
+        if (refusal := self._refusal(token_of(request))) is not None:
             return refusal
         return JSONResponse(
             {
@@ -301,67 +190,136 @@ class FleetIngress:
             }
         )
 
-    @app.patch("/api/knobs")
-    async def patch_knobs(self, request: Request) -> Response:
-        """Engine knobs of `?replica=ID`, or of all replicas (`all`, the default)."""
+    async def chosen(self, request: Request) -> dict[str, dict[str, Any]] | JSONResponse:
+        """The live replicas `?replica=ID|all` (default all) names; 404 for an unknown one."""
         target = request.query_params.get("replica", "all")
         live = await self.live_replicas()
         if target != "all" and target not in live:
             return refused(404, f"replica: no live replica {target!r}", "replica")
-        chosen = live if target == "all" else {target: live[target]}
-        body = await request.body()
+        return live if target == "all" else {target: live[target]}
+
+    async def each(
+        self, request: Request, path: str, chosen: dict[str, dict[str, Any]], body: bytes = b""
+    ) -> dict[str, httpx.Response | BaseException]:
+        """`request`'s method on `path` of every chosen replica at once: each one's reply."""
         replies = await asyncio.gather(
             *(
-                self.client.patch(
-                    e["url"] + "/api/knobs",
-                    params=_query(request) or None,  # origin, reason
+                self.client.request(
+                    request.method,
+                    e["url"] + path,
+                    params=query_of(request) or None,
                     content=body,
-                    headers=_headers(request),
+                    headers=forwarded_headers(request),
                 )
                 for e in chosen.values()
             ),
             return_exceptions=True,
         )
-        applied: dict[str, int] = {}
-        failed: dict[str, str] = {}
+        return dict(zip(chosen, replies, strict=True))
+
+    async def change_each(
+        self, request: Request, path: str
+    ) -> tuple[dict[str, Any], dict[str, str]] | Response:
+        """Send `request` (a change) to `?replica=ID|all`: the answers of the replicas that
+        took it and the reasons of those that did not; refused by all, the first refusal."""
+        chosen = await self.chosen(request)
+        if isinstance(chosen, JSONResponse):
+            return chosen
+        replies = await self.each(request, path, chosen, await request.body())
         answers: dict[str, Any] = {}
-        for rid, reply in zip(chosen, replies, strict=True):
+        failed: dict[str, str] = {}
+        for rid, reply in replies.items():
             if isinstance(reply, BaseException):
                 failed[rid] = f"unreachable: {type(reply).__name__}"
-                continue
-            answers[rid] = reply.json()
-            if reply.status_code == 200:
-                applied[rid] = answers[rid]["version"]
+            elif reply.status_code == 200:
+                answers[rid] = reply.json()
             else:
-                failed[rid] = answers[rid]["error"]["message"]
-        if not applied:  # refused everywhere: the replicas' own status and message
-            first = next(iter(replies))
+                failed[rid] = reply.json()["error"]["message"]
+        if not answers:  # refused everywhere: the replicas' own status and message
+            first = next(iter(replies.values()), None)
             if isinstance(first, httpx.Response):
                 return JSONResponse(first.json(), status_code=first.status_code)
             return unavailable("no replica took the change")
-        changes = json.loads(body)
+        return answers, failed
+
+    async def get_each(self, request: Request, path: str) -> Response:
+        """`?replica=ID`: that replica's `path`; without: every live replica's that answers."""
+        if "replica" in request.query_params:
+            return await self.forward(request, path)
+        replies = await self.each(request, path, await self.live_replicas())
+        answers = {
+            rid: r.json()
+            for rid, r in replies.items()
+            if isinstance(r, httpx.Response) and r.status_code == 200
+        }
+        return JSONResponse({"replicas": answers})
+
+    @app.patch("/api/knobs")
+    async def patch_knobs(self, request: Request) -> Response:
+        """Engine knobs of `?replica=ID`, or of all replicas (`all`, the default)."""
+        outcome = await self.change_each(request, "/api/knobs")
+        if isinstance(outcome, Response):
+            return outcome
+        answers, failed = outcome
+        applied = {rid: answer["version"] for rid, answer in answers.items()}
+        changes = json.loads(await request.body())
         entry = self.knobs.record_replica_change(changes, applied, failed)
         return JSONResponse({**entry, "replicas": answers})
 
     @app.get("/api/knobs")
     async def get_knobs(self, request: Request) -> Response:
         """`?replica=ID`: that replica's knobs; without: every live replica's that answers."""
-        if "replica" in request.query_params:
-            return await self.forward(request, "/api/knobs")
-        live = await self.live_replicas()
-        replies = await asyncio.gather(
-            *(
-                self.client.get(e["url"] + "/api/knobs", headers=_headers(request))
-                for e in live.values()
-            ),
-            return_exceptions=True,
+        return await self.get_each(request, "/api/knobs")
+
+    @app.put("/api/autopilot")
+    async def put_autopilot(self, request: Request) -> Response:
+        """Autopilot settings of `?replica=ID`, or of all replicas (`all`, the default): each
+        replica runs its own autopilot on its own engine."""
+        outcome = await self.change_each(request, "/api/autopilot")
+        if isinstance(outcome, Response):
+            return outcome
+        answers, failed = outcome
+        return JSONResponse({"replicas": answers, "failed": failed})
+
+    @app.get("/api/autopilot")
+    async def get_autopilot(self, request: Request) -> Response:
+        """`?replica=ID`: that replica's autopilot; without: every live replica's."""
+        return await self.get_each(request, "/api/autopilot")
+
+    @app.get("/fleet/sessions")
+    async def fleet_sessions(self, request: Request) -> Response:
+        """The recorded sessions in the one database grouped by fleet run (newest first), each
+        naming its replica; `fleet_run`, `replica`, `limit` and `offset` as on /api/sessions."""
+        if (refusal := self._refusal(token_of(request))) is not None:
+            return refusal
+        url = await self.replica_url(None)
+        if isinstance(url, JSONResponse):
+            return url
+        params = {k: v for k, v in request.query_params.items() if k in SESSION_FILTERS}
+        try:
+            reply = await self.client.get(
+                url + "/api/sessions", params=params, headers=forwarded_headers(request)
+            )
+        except httpx.HTTPError as exc:
+            return unavailable(f"replica unreachable: {type(exc).__name__}")
+        if reply.status_code != 200:
+            return JSONResponse(reply.json(), status_code=reply.status_code)
+        runs: dict[str | None, list[dict[str, Any]]] = {}
+        for session in reply.json()["sessions"]:
+            runs.setdefault(session["fleet_run"], []).append(session)
+        return JSONResponse(
+            {
+                "fleet_run": await registry().run.remote(),
+                "runs": [
+                    {
+                        "fleet_run": run,
+                        "replicas": sorted({s["replica"] for s in sessions if s["replica"]}),
+                        "sessions": sessions,
+                    }
+                    for run, sessions in runs.items()
+                ],
+            }
         )
-        answers = {
-            rid: r.json()
-            for rid, r in zip(live, replies, strict=True)
-            if isinstance(r, httpx.Response) and r.status_code == 200
-        }
-        return JSONResponse({"replicas": answers})
 
     @app.get("/api/status")
     async def api_status(self, request: Request) -> Response:
@@ -373,19 +331,12 @@ class FleetIngress:
     @app.get("/metrics")
     async def metrics(self, request: Request) -> Response:
         """Every live replica's metrics, each sample labelled with its replica."""
-        if (refusal := self._refusal(_token(request))) is not None:
+        if (refusal := self._refusal(token_of(request))) is not None:
             return refusal
-        live = await self.live_replicas()
-        replies = await asyncio.gather(
-            *(
-                self.client.get(e["url"] + "/metrics", headers=_headers(request))
-                for e in live.values()
-            ),
-            return_exceptions=True,
-        )
+        replies = await self.each(request, "/metrics", await self.live_replicas())
         texts = {
             rid: r.text
-            for rid, r in zip(live, replies, strict=True)
+            for rid, r in replies.items()
             if isinstance(r, httpx.Response) and r.status_code == 200
         }
         return PlainTextResponse(merge_metrics(texts), media_type="text/plain; version=0.0.4")
@@ -395,16 +346,16 @@ class FleetIngress:
     @app.api_route("/v1/{path:path}", methods=["GET", "POST"])
     async def openai(self, request: Request, path: str) -> Response:
         body = await request.body()
-        args = (request.method, "/v1/" + path, _query(request), _headers(request), body)
+        args = (request.method, "/v1/" + path, query_of(request), forwarded_headers(request), body)
         work = work_of(body)
         try:
-            if _stream_wanted(body):
+            if stream_wanted(body):
                 gen: Any = self.replicas.options(stream=True).stream.remote(*args, work=work)
                 status, headers = await gen.__anext__()
-                return StreamingResponse(_relay(gen), status_code=status, headers=headers)
+                return StreamingResponse(relay(gen), status_code=status, headers=headers)
             status, headers, content = await self.replicas.call.remote(*args, work=work)
         except (RayError, RayServeException, httpx.HTTPError, StopAsyncIteration) as exc:
-            return unavailable(_died(exc))
+            return unavailable(died(exc))
         return Response(content, status_code=status, headers=headers)
 
     # one replica's own server
@@ -426,7 +377,7 @@ class FleetIngress:
             )
             await ws.close(code=1008)
             return
-        await _pipe(ws, {rid: _ws_url(url, "/" + path, ws)}, tag=False)
+        await pipe(ws, {rid: ws_url(url, "/" + path, ws)}, tag=False)
 
     @app.websocket("/ws/telemetry")
     async def telemetry(self, ws: WebSocket) -> None:
@@ -439,8 +390,8 @@ class FleetIngress:
             await ws.close(code=1008)
             return
         chosen = live if target == "all" else {target: live[target]}
-        urls = {rid: _ws_url(e["url"], "/ws/telemetry", ws) for rid, e in chosen.items()}
-        await _pipe(ws, urls, tag=True)
+        urls = {rid: ws_url(e["url"], "/ws/telemetry", ws) for rid, e in chosen.items()}
+        await pipe(ws, urls, tag=True)
 
     @app.websocket("/ws/{path:path}")
     async def other_ws(self, ws: WebSocket, path: str) -> None:
@@ -452,7 +403,7 @@ class FleetIngress:
             )
             await ws.close(code=1008)
             return
-        await _pipe(ws, {"": _ws_url(url, "/ws/" + path, ws)}, tag=False)
+        await pipe(ws, {"": ws_url(url, "/ws/" + path, ws)}, tag=False)
 
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
     async def anything_else(self, request: Request, path: str) -> Response:
@@ -469,8 +420,8 @@ class FleetIngress:
             reply = await self.client.request(
                 request.method,
                 url,
-                params=_query(request) or None,
-                headers=_headers(request),
+                params=query_of(request) or None,
+                headers=forwarded_headers(request),
                 content=await request.body(),
             )
         except httpx.HTTPError as exc:

@@ -44,7 +44,8 @@ class EngineReplica:
     ) -> None:
         if isinstance(engine_args.get("threads"), int):
             torch.set_num_threads(engine_args["threads"])
-        self.replica = serve.get_replica_context().replica_id.unique_id
+        context = serve.get_replica_context()
+        self.replica = context.replica_id.unique_id
         self.fleet_run = fleet_run
         loop = build_loop(model, **engine_args)
         self.app = create_app(loop, settings)
@@ -61,6 +62,7 @@ class EngineReplica:
         ray.get(
             registry().register.remote(
                 self.replica,
+                _slot(context.rank),
                 {
                     "url": self.url,
                     "pid": os.getpid(),
@@ -119,6 +121,11 @@ class EngineReplica:
         if server is not None:
             server.stop()
             state_of(self.app).engine_loop.stop()
+
+
+def _slot(rank: Any) -> int:
+    """The replica's rank: a `ReplicaRank`'s `rank`, or the int older Ray gives."""
+    return int(getattr(rank, "rank", rank))
 
 
 _HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "content-encoding"})

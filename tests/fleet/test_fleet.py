@@ -167,3 +167,95 @@ def test_streams_and_bad_input_pass_through_the_ingress(client: httpx.Client, fl
     bad = client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": -1})
     assert bad.status_code == 422 and bad.json()["error"]["param"] == "max_tokens"
     assert client.get("/replicas/nope/api/status").status_code == 404
+
+
+def test_sessions_grouped_by_fleet_run_and_tagged_by_replica(
+    client: httpx.Client, fleet: Any
+) -> None:
+    rows = live_rows(client)
+    listing = client.get("/fleet/sessions")
+    assert listing.status_code == 200, listing.text
+    assert listing.json()["fleet_run"] == fleet.fleet_run
+    (run,) = listing.json()["runs"]  # this module's database holds one fleet run
+    assert run["fleet_run"] == fleet.fleet_run
+    assert run["replicas"] == sorted(r["replica"] for r in rows)
+    owner = {s["id"]: s["replica"] for s in run["sessions"]}
+    for row in rows:  # each replica's recording is its engine's session, tagged with it
+        assert owner[row["session"]] == row["replica"]
+    one = rows[0]["replica"]
+    mine = client.get("/fleet/sessions", params={"replica": one}).json()["runs"]
+    assert {s["replica"] for r in mine for s in r["sessions"]} == {one}
+    other = client.get("/fleet/sessions", params={"fleet_run": "fleet-none"}).json()
+    assert other["runs"] == []
+
+
+def test_the_autopilot_runs_on_the_replica_it_is_started_on(client: httpx.Client) -> None:
+    rows = live_rows(client)
+    on, off = rows[0]["replica"], rows[1]["replica"]
+    before = client.get("/api/autopilot").json()["replicas"]
+    assert before[on]["state"] == before[off]["state"] == "off"
+    reply = client.put(f"/api/autopilot?replica={on}", json={"enabled": True, "interval_s": 0.2})
+    assert reply.status_code == 200, reply.text
+    assert list(reply.json()["replicas"]) == [on]
+    try:
+
+        def ticked() -> dict[str, Any] | None:
+            now: dict[str, Any] = client.get(f"/api/autopilot?replica={on}").json()
+            return now if now["ticks"] >= before[on]["ticks"] + 3 else None
+
+        mine = wait_for(ticked, "the started autopilot's ticks")
+        assert mine["settings"]["enabled"] and mine["state"] != "off"
+        theirs = client.get(f"/replicas/{off}/api/autopilot").json()
+        assert theirs["state"] == "off" and not theirs["settings"]["enabled"]
+        assert theirs["ticks"] == before[off]["ticks"]
+        bad = client.put("/api/autopilot", json={"interval_s": 0})
+        assert bad.status_code == 422 and bad.json()["error"]["param"] == "interval_s"
+    finally:
+        stopped = client.put("/api/autopilot", json={"enabled": False})  # all replicas
+    assert stopped.status_code == 200 and sorted(stopped.json()["replicas"]) == sorted([on, off])
+    assert all(a["state"] == "off" for a in stopped.json()["replicas"].values())
+
+
+def test_replay_rerun_and_whatif_of_one_replicas_session(client: httpx.Client, fleet: Any) -> None:
+    """A replica's recorded session replayed through the ingress, rerun on that replica's
+    engine (a new session tagged with it), and compared in that replica's twin."""
+    row = live_rows(client)[1]
+    rid, sid = row["replica"], row["session"]
+    body = {"model": MODEL, "prompt": "replay", "max_tokens": 24, "ignore_eos": True}
+    for _ in range(3):  # requests to this replica's session: steps to replay, a trace to rerun
+        assert client.post(f"/replicas/{rid}/v1/completions", json=body).status_code == 200
+    recorded = wait_for(
+        lambda: (n := client.get(f"/api/sessions/{sid}").json()["requests"]) >= 3 and n,
+        "the requests recorded",
+    )
+    ws_url = fleet.url.replace("http", "ws")
+    with connect(f"{ws_url}/ws/replay/{sid}?replica={rid}&speed=0&fields=step") as ws:
+        steps = []
+        while "replay" not in (message := json.loads(ws.recv(timeout=60))):
+            steps.append(message["step"])
+    assert message["replay"]["state"] == "ended" and len(steps) >= 8
+    assert steps == sorted(set(steps))
+
+    reply = client.post(f"/api/sessions/{sid}/rerun?replica={rid}&speed=1000")
+    assert reply.status_code == 202, reply.text
+    rerun = reply.json()
+    assert rerun["parent"] == sid and rerun["requests"] >= recorded
+
+    def rerun_done() -> dict[str, Any] | None:
+        """The new session once its rerun ended (404 until the recorder wrote its row; the
+        progress is in the memory of the replica that runs it)."""
+        reply = client.get(f"/replicas/{rid}/api/sessions/{rerun['session']}")
+        now: dict[str, Any] = reply.json()
+        return now if reply.status_code == 200 and now["rerun"]["done"] else None
+
+    done = wait_for(rerun_done, "the rerun on the replica")
+    assert done["rerun"]["finished"] == rerun["requests"] and done["parent"] == sid
+    assert (done["replica"], done["fleet_run"]) == (rid, fleet.fleet_run)
+    listed = client.get("/fleet/sessions", params={"replica": rid}).json()["runs"][0]
+    assert {s["id"]: s["parent"] for s in listed["sessions"]}[rerun["session"]] == sid
+
+    body = {"knobs": {"max_num_seqs": 4}, "source": sid, "horizon_s": 5}
+    compared = client.post(f"/api/whatif?replica={rid}", json=body)
+    assert compared.status_code == 200, compared.text
+    assert compared.json()["source"] == sid
+    assert compared.json()["current"] and compared.json()["candidate"]

@@ -1,16 +1,20 @@
 """The fleet's parts that need no Ray running: the router's ranking, the fleet knobs, the
 work estimate and the merged metrics."""
 
+import asyncio
 import itertools
+import json
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from ray.exceptions import RayActorError
 
 from fleet import state
-from fleet.ingress import work_of
 from fleet.knobs import FleetKnobs
 from fleet.metrics_text import merge_metrics
+from fleet.relay import relay, work_of
 from fleet.routing import FleetRouter
 
 
@@ -81,6 +85,23 @@ def test_work_of_a_completion() -> None:
     chat = b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}'
     assert work_of(chat) == 5
     assert work_of(b"not json") == 1
+
+
+def test_a_stream_whose_replica_dies_ends_with_one_whole_error_event() -> None:
+    async def replica() -> AsyncIterator[bytes]:
+        yield b'data: {"choices": [1]}\n\ndata: {"choices"'
+        yield b': [2]}\n\ndata: {"cho'  # the replica dies midway through an event
+        raise RayActorError()
+
+    async def relayed() -> list[bytes]:
+        return [chunk async for chunk in relay(replica())]
+
+    chunks = asyncio.run(relayed())
+    events = b"".join(chunks).decode().split("\n\n")
+    assert events[:2] == ['data: {"choices": [1]}', 'data: {"choices": [2]}']
+    error = json.loads(events[2].removeprefix("data: "))
+    assert error["replica_unavailable"] and error["error"]["code"] == 503
+    assert events[3:] == [""]
 
 
 def test_metrics_merge_by_family_with_a_replica_label() -> None:
