@@ -121,6 +121,9 @@ class CacheConfig:
     # > 0: the device cache's MiB decide num_blocks, at the model's KV bytes per token (so an
     # MLA model's latent cache holds more tokens than a GQA model's in the same memory)
     memory_mib: float = 0.0
+    # blocks of the sliding layers' own pool (engine.window_pool; 0: the model has none),
+    # sized by the engine from the window and the knobs it starts with
+    window_blocks: int = 0
 
 
 @dataclass(frozen=True)

@@ -45,11 +45,14 @@ class _Graph:
 class DecodeGraphs:
     """Static decode buffers and the graphs captured over them, keyed by padded size."""
 
-    def __init__(self, model: MoETransformer, block_size: int, scratch_block: int) -> None:
+    def __init__(
+        self, model: MoETransformer, block_size: int, scratch_block: int, window_blocks: int = 0
+    ) -> None:
         self.model = model
         self.device = model.embed_tokens.weight.device
         self.dtype = model.embed_tokens.weight.dtype
         self.scratch_block = scratch_block
+        self.block_size = block_size
         self.scratch_index = scratch_block * block_size
         width = -(-model.cfg.max_model_len // block_size)
         n, dev, long = SIZES[-1], self.device, torch.long
@@ -57,6 +60,12 @@ class DecodeGraphs:
         self.positions = torch.zeros(n, dtype=long, device=dev)
         self.kv_index = torch.zeros(n, dtype=long, device=dev)
         self.tables = torch.zeros(n, width, dtype=long, device=dev)
+        # the sliding layers' own pool (engine.window_pool): its tables, index and scratch
+        self.window_scratch = window_blocks
+        self.window_kv_index = torch.zeros(n, dtype=long, device=dev) if window_blocks else None
+        self.window_tables = (
+            torch.zeros(n, width, dtype=long, device=dev) if window_blocks else None
+        )
         self.lens = torch.ones(n, dtype=long, device=dev)
         self.ranks = torch.zeros(n, dtype=long, device=dev)
         self.valid = torch.zeros(n, dtype=torch.bool, device=dev)
@@ -121,6 +130,15 @@ class DecodeGraphs:
         for group in ctx.decodes:
             self.tables[group.rows, : group.block_tables.shape[1]] = group.block_tables
             self.lens[group.rows] = group.ctx_lens
+        if self.window_tables is not None and self.window_kv_index is not None:
+            assert ctx.window_kv_index is not None
+            self.window_kv_index[:n].copy_(ctx.window_kv_index)
+            self.window_kv_index[n:size].fill_(self.window_scratch * self.block_size)
+            self.window_tables[:size].fill_(self.window_scratch)
+            for group in ctx.decodes:
+                assert group.window_tables is not None
+                width = group.window_tables.shape[1]
+                self.window_tables[group.rows, :width] = group.window_tables
         self.ranks[:n].copy_(ctx.token_rank)
         self.ranks[n:size].zero_()
         self.valid[:n].fill_(True)
@@ -136,6 +154,9 @@ class DecodeGraphs:
             placement=step.placement,
             row_valid=self.valid[:size],
         )
+        if self.window_tables is not None and self.window_kv_index is not None:
+            ctx.window_kv_index = self.window_kv_index[:size]
+            ctx.decodes[0].window_tables = self.window_tables[:size]
 
         def forward() -> tuple[torch.Tensor, ...]:
             for stats in (ctx.expert_counts, ctx.expert_dropped, ctx.rank_pairs):

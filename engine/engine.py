@@ -17,7 +17,6 @@ from engine.knob_versions import KnobVersions
 from engine.knobs import Knobs, validate_knobs
 from engine.kv_cache import BlockManager
 from engine.launched import ComputeThread, Launched, step_durations
-from engine.model.loader import sized_by_kv_memory
 from engine.outputs import RequestDelta, StepResult
 from engine.request import Request, auto_request_id
 from engine.request_checks import check_fits, prompt_token_ids
@@ -29,6 +28,7 @@ from engine.step_records import Executed
 from engine.step_telemetry import EPInfo, StepStats, a2a_info, expert_info, step_telemetry
 from engine.telemetry import KnobChange, RequestRecord
 from engine.threads import ThreadGovernor
+from engine.window_pool import WindowedBlocks, sized_cache
 
 
 class LLMEngine:
@@ -39,7 +39,7 @@ class LLMEngine:
     """
 
     def __init__(self, config: EngineConfig | None = None, **kwargs: Any) -> None:
-        self.config = sized_by_kv_memory(config or engine_config(**kwargs))
+        self.config = sized_cache(config or engine_config(**kwargs))
         self._compute = ComputeThread()  # started by the first overlapped step
         cfg = self.config
         distributed = cfg.parallel.distributed and cfg.parallel.ep_size > 1
@@ -54,12 +54,22 @@ class LLMEngine:
         self.model = self.runner.model
         self.model_config = self.model.cfg
         cache = cfg.cache
-        self.blocks = BlockManager(
-            cache.num_blocks,
-            cache.block_size,
-            cache.num_host_blocks,
-            cache.enable_prefix_caching,
-            window=self.model_config.sliding_window,
+        self.blocks = (
+            WindowedBlocks(
+                cache.num_blocks,
+                cache.window_blocks,
+                cache.block_size,
+                cache.num_host_blocks,
+                cache.enable_prefix_caching,
+                self.model_config.sliding_window,
+            )
+            if cache.window_blocks
+            else BlockManager(
+                cache.num_blocks,
+                cache.block_size,
+                cache.num_host_blocks,
+                cache.enable_prefix_caching,
+            )
         )
         self.requests: dict[str, Request] = {}
         self.knob_versions = KnobVersions(self._validate_knobs(cfg.knobs.model_dump()))
@@ -237,7 +247,15 @@ class LLMEngine:
             "ep_size": self.config.parallel.ep_size,
             "num_experts": self.model_config.num_experts,
         }
-        return validate_knobs(values, context)
+        knobs = validate_knobs(values, context)
+        if not self.blocks.step_fits_window_pool(knobs.max_num_batched_tokens):
+            raise InvalidInput(
+                f"max_num_batched_tokens ({knobs.max_num_batched_tokens}) is more than one "
+                "request's step can hold in the sliding layers' own KV pool (sized for the "
+                "knobs the engine started with)",
+                "max_num_batched_tokens",
+            )
+        return knobs
 
     def update_knobs(self, origin: str = "api", reason: str | None = None, **changes: Any) -> int:
         """Validate a knob change as a whole; it applies at the next step boundary, recorded

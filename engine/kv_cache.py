@@ -21,7 +21,11 @@ class KVStats:
     host_used: int
     prefix_queries: int
     prefix_hits: int
-    behind_window: int = 0  # used blocks that no sliding layer reads any more (see BlockManager)
+    # sliding layers' own pool (engine.window_pool), when the model has sliding layers:
+    # blocks it does not hold because they fell behind the window (used here, not there)
+    behind_window: int = 0
+    window_total: int = 0
+    window_used: int = 0
 
     @property
     def usage(self) -> float:
@@ -66,12 +70,12 @@ class BlockManager:
     Every block is in exactly one state: used (ref_count > 0), cached (ref_count 0 but
     holding a hashed full block, evictable in least-recently-used order) or free.
     Allocation keeps used + cached within `usable`, evicting cached blocks when needed.
-
-    Sliding-window layers (gpt-oss: `window` > 0) read only a request's last `window`
-    positions, but one block table serves every layer and full-attention layers read all of
-    it, so no block is freed early: `stats` counts the blocks behind every sliding layer's
-    window, which a cache kept per layer kind could free for the sliding layers' share.
+    A model with sliding layers has a second pool for them (engine.window_pool.WindowedBlocks,
+    a BlockManager that owns it); the scheduler asks the `fits`, `window_fits`, `can_swap_in`
+    and `*_all` methods, which that one answers for both pools.
     """
+
+    window = 0  # positions a sliding layer reads (0: no sliding layer, one pool)
 
     def __init__(
         self,
@@ -79,10 +83,8 @@ class BlockManager:
         block_size: int,
         num_host_blocks: int,
         prefix_caching: bool = True,
-        window: int = 0,
     ) -> None:
         self.block_size = block_size
-        self.window = window
         self.num_blocks = num_blocks
         self.blocks = Blocks()
         self.free_ids: deque[int] = deque(range(num_blocks))
@@ -114,7 +116,7 @@ class BlockManager:
         return max(0, self.usable - self.num_used)
 
     def stats(self, running: Iterable[Request] = ()) -> KVStats:
-        """Block counts now; `running`: the requests whose blocks behind the window count."""
+        """Block counts now (`running`: the requests running, for a pool that needs them)."""
         return KVStats(
             block_size=self.block_size,
             total=self.total,
@@ -126,27 +128,11 @@ class BlockManager:
             host_used=self.num_host_blocks - len(self.host_free),
             prefix_queries=self.prefix_queries,
             prefix_hits=self.prefix_hits,
-            behind_window=self.behind_window(running),
         )
-
-    def behind_window(self, running: Iterable[Request]) -> int:
-        """Blocks of `running` that only hold positions before every sliding layer's window
-        for the request's next token (and are in no other request's window)."""
-        if not self.window:
-            return 0
-        behind: set[int] = set()
-        read: set[int] = set()
-        for req in running:
-            first_read = max(0, req.num_computed_tokens - self.window + 1)
-            n = first_read // self.block_size
-            behind.update(req.block_table[:n])
-            read.update(req.block_table[n:])
-        return len(behind - read)
 
     def set_usable(self, usable: int) -> None:
         self.usable = usable
-        while self.num_used + self.num_cached > usable and self.cached:
-            self._evict_one()
+        self._trim()
 
     def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
         total = -(-(req.num_computed_tokens + num_new_tokens) // self.block_size)
@@ -206,6 +192,42 @@ class BlockManager:
         for _ in range(needed):
             req.block_table.append(self._take())
 
+    def fits(self, req: Request, num_new_tokens: int) -> bool:
+        """Whether `req` can take the blocks for `num_new_tokens` more tokens now."""
+        return self.blocks_needed(req, num_new_tokens) <= self.num_allocatable
+
+    def window_fits(self, req: Request, num_hit_blocks: int, num_tokens: int) -> bool:
+        """Whether a sliding layers' pool can admit `req` (none here: always)."""
+        return True
+
+    def can_swap_in(self, req: Request, num_new_tokens: int, spare: int) -> bool:
+        """Whether swapped `req` can come back and run `num_new_tokens`, `spare` blocks left."""
+        needed = max(
+            len(req.host_blocks), self.blocks_for(req.num_computed_tokens + num_new_tokens)
+        )
+        return needed <= self.num_allocatable - spare
+
+    def swap_out_all(self, req: Request) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """swap_out in every pool: (this pool's copies, the sliding layers' pool's)."""
+        return self.swap_out(req), []
+
+    def swap_in_all(self, req: Request) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """swap_in in every pool: (this pool's copies, the sliding layers' pool's)."""
+        return self.swap_in(req), []
+
+    def step_fits_window_pool(self, num_tokens: int) -> bool:
+        """Whether one request's step of `num_tokens` fits a sliding layers' pool (none here)."""
+        return True
+
+    def behind(self, req: Request) -> bool:
+        """Whether `req` holds blocks behind a sliding window to give back (none here)."""
+        return False
+
+    def drop_swapped(self, req: Request) -> None:
+        """Give back the host blocks of a swapped request that ends."""
+        self.host_free.extend(req.host_blocks)
+        req.host_blocks = []
+
     def _take(self) -> int:
         if self.free_ids and self.num_used + self.num_cached < self.usable:
             block_id = self.free_ids.popleft()
@@ -231,16 +253,23 @@ class BlockManager:
     def free(self, req: Request) -> None:
         """Release a request's blocks; full hashed ones stay cached for reuse."""
         for block_id in reversed(req.block_table):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                self.num_used -= 1
-                if block.hash is not None:
-                    self.cached[block_id] = None
-                else:
-                    self.free_ids.append(block_id)
+            self._release(block_id)
         req.block_table = []
         req.num_hashed_blocks = 0
+        self._trim()
+
+    def _release(self, block_id: int) -> None:
+        """Drop one reference; a block no one uses is cached when hashed, else free."""
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self.num_used -= 1
+            if block.hash is not None:
+                self.cached[block_id] = None
+            else:
+                self.free_ids.append(block_id)
+
+    def _trim(self) -> None:
         while self.num_used + self.num_cached > self.usable and self.cached:
             self._evict_one()
 

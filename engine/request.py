@@ -39,6 +39,11 @@ class Request:
     num_hashed_blocks: int = 0
     block_hashes: list[int] = field(default_factory=list)
     host_blocks: list[int] = field(default_factory=list)
+    # the sliding layers' pool (engine.window_pool), by the same block positions: the first
+    # `window_first` entries fell behind the window and were given back (placeholders)
+    window_table: list[int] = field(default_factory=list)
+    window_first: int = 0
+    window_host: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     token_times: list[float] = field(default_factory=list)
     logprobs: list[dict[int, float]] = field(default_factory=list)

@@ -30,6 +30,9 @@ from engine.step_records import (
 )
 
 DECODE_GROUP = 16
+# the block-table writes of the sliding layers' pool (engine.window_pool), when it has one
+WINDOW_SEGMENTS = ("window_write_slots", "window_write_cols", "window_write_blocks")
+Pairs = list[tuple[int, int]]
 
 
 def _host(values: array.array) -> torch.Tensor:
@@ -65,9 +68,20 @@ class ModelRunner:
             shard(model, placement, ep.rank)
         graphs = graphs_enabled(self.device) and ep is None
         # decode graphs pad with rows that write into one scratch block past the usable ones
-        model.allocate_kv_cache(cache.num_blocks + (1 if graphs else 0), cache.block_size)
-        self.graphs = DecodeGraphs(model, cache.block_size, cache.num_blocks) if graphs else None
-        self.tables = BlockTables(-(-model.cfg.max_model_len // cache.block_size), self.device)
+        scratch = 1 if graphs else 0
+        window_blocks = cache.window_blocks + scratch if cache.window_blocks else 0
+        model.allocate_kv_cache(cache.num_blocks + scratch, cache.block_size, window_blocks)
+        self.window_pool_layers = model.window_pool_layers(window_blocks)
+        self.graphs = (
+            DecodeGraphs(model, cache.block_size, cache.num_blocks, cache.window_blocks)
+            if graphs
+            else None
+        )
+        width = -(-model.cfg.max_model_len // cache.block_size)
+        self.tables = BlockTables(width, self.device)
+        # the sliding layers' own block tables, when they have their own pool
+        self.window_tables = BlockTables(width, self.device) if cache.window_blocks else None
+        self.segments = SEGMENTS + (WINDOW_SEGMENTS if cache.window_blocks else ())
         # pinned host buffers for the step's one copy to a GPU, two so that the next step's
         # plan can be staged while the copy of the step before may still be reading its own
         self._staging = [torch.empty(0, dtype=torch.long) for _ in range(2)]
@@ -78,18 +92,22 @@ class ModelRunner:
             for caches in model.kv_caches()
         ]
 
-    def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
-        """Copy swapped-out blocks to the host pool, then swapped-in blocks back (every rank)."""
+    def swap(self, swap_out: Pairs, swap_in: Pairs, window_out: Pairs, window_in: Pairs) -> None:
+        """Copy swapped-out blocks to the host pool, then swapped-in blocks back (every rank);
+        `window_*`: the copies of the sliding layers' pool, when it has one."""
         if not swap_out and not swap_in:
             return
         if self.ep is not None:
-            self.ep.send(Swap(swap_out, swap_in))
-        self._swap(swap_out, swap_in)
+            self.ep.send(Swap(swap_out, swap_in, window_out, window_in))
+        self._swap(swap_out, swap_in, window_out, window_in)
 
-    def _swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
-        out_dev, out_host = _columns(swap_out)
-        in_host, in_dev = _columns(swap_in)
-        for hosts, caches in zip(self.host_cache, self.model.kv_caches(), strict=True):
+    def _swap(self, swap_out: Pairs, swap_in: Pairs, window_out: Pairs, window_in: Pairs) -> None:
+        pools = {False: (_columns(swap_out), _columns(swap_in))}
+        if self.window_tables is not None:
+            pools[True] = (_columns(window_out), _columns(window_in))
+        layers = zip(self.host_cache, self.model.kv_caches(), self.window_pool_layers, strict=True)
+        for hosts, caches, in_window in layers:
+            (out_dev, out_host), (in_host, in_dev) = pools[in_window]
             for host, cache in zip(hosts, caches, strict=True):
                 host[out_host] = cache[out_dev.to(cache.device)].cpu()
                 cache[in_dev.to(cache.device)] = host[in_host].to(cache.device)
@@ -114,7 +132,7 @@ class ModelRunner:
         assert self.ep is not None
         while (command := self.ep.receive()) is not None:
             if isinstance(command, Swap):
-                self._swap(command.out, command.into)
+                self._swap(command.out, command.into, command.window_out, command.window_into)
             elif isinstance(command, Rebalance):
                 self._move(command.placement)
             else:
@@ -128,13 +146,16 @@ class ModelRunner:
         """The step's batch as host arrays (engine thread): a few appends per row, and block
         table entries only where they changed."""
         bs = self.block_size
-        seg = {name: array.array("q") for name in SEGMENTS}
+        seg = {name: array.array("q") for name in self.segments}
         ids, positions, row_slots = seg["ids"], seg["positions"], seg["row_slots"]
         decode_rows, sample_rows = seg["decode_rows"], seg["sample_rows"]
         fill_rows, fill_from = seg["fill_rows"], seg["fill_from"]
         writes = (seg["write_slots"], seg["write_cols"], seg["write_blocks"])
         tables = self.tables
         source, written = tables.source, tables.written
+        window_tables = self.window_tables
+        if window_tables is not None:
+            window_writes = tuple(seg[name] for name in WINDOW_SEGMENTS)
         prefills: list[PrefillSpec] = []
         for chunk in out.chunks:
             req, start, n, slot = chunk.req, chunk.start, chunk.num_tokens, chunk.slot
@@ -143,6 +164,8 @@ class ModelRunner:
             # most steps change no row: the check inline, the writes in `track`
             if slot >= len(source) or source[slot] is not table or written[slot] != len(table):
                 tables.track(slot, table, writes)
+            if window_tables is not None:
+                window_tables.track(slot, req.window_table, window_writes)
             known = req.all_token_ids
             if n == 1 and start > 0:  # a decode row: most rows, so no range or slice
                 if start < len(known):
@@ -167,8 +190,8 @@ class ModelRunner:
         widths = self._sort_decodes(parts)
         return StepPlan(
             num_rows=len(ids),
-            packed=torch.cat([parts[name] for name in SEGMENTS]),
-            sizes=[parts[name].numel() for name in SEGMENTS],
+            packed=torch.cat([parts[name] for name in self.segments]),
+            sizes=[parts[name].numel() for name in self.segments],
             widths=widths,
             prefills=prefills,
             table_rows=len(source),
@@ -177,6 +200,8 @@ class ModelRunner:
             sample=sample,
             swap_out=out.swap_out,
             swap_in=out.swap_in,
+            window_swap_out=out.window_swap_out,
+            window_swap_in=out.window_swap_in,
         )
 
     def _sort_decodes(self, parts: dict[str, torch.Tensor]) -> list[int]:
@@ -211,25 +236,42 @@ class ModelRunner:
         """Device tensors for a plan (compute thread, once the step before has run):
         `previous` holds the tokens that step sampled."""
         dev = self._to_device(plan.packed)
-        seg = dict(zip(SEGMENTS, dev.split(plan.sizes), strict=True))
+        seg = dict(zip(self.segments, dev.split(plan.sizes), strict=True))
         self.tables.apply(
             plan.table_rows, seg["write_slots"], seg["write_cols"], seg["write_blocks"]
         )
+        window = self.window_tables
+        if window is not None:
+            window.apply(plan.table_rows, *(seg[name] for name in WINDOW_SEGMENTS))
         ids, positions, fill_rows = seg["ids"], seg["positions"], seg["fill_rows"]
         if fill_rows.numel():
             assert previous is not None
             ids[fill_rows] = previous[seg["fill_from"]]
         tables, bs = self.tables.tables, self.block_size
-        kv_index = tables[seg["row_slots"], positions // bs] * bs + positions % bs
+        row_slots, block_cols, offsets = seg["row_slots"], positions // bs, positions % bs
+        kv_index = tables[row_slots, block_cols] * bs + offsets
+        wtables = None if window is None else window.tables
+        window_kv_index = None if wtables is None else wtables[row_slots, block_cols] * bs + offsets
         decodes = []
         if plan.widths:
-            rows, lens = seg["decode_rows"], seg["decode_lens"]
-            picked = tables[:, : max(plan.widths)].index_select(0, seg["decode_slots"])
+            rows, lens, slots = seg["decode_rows"], seg["decode_lens"], seg["decode_slots"]
+            widest = max(plan.widths)
+            picked = tables[:, :widest].index_select(0, slots)
+            wpicked = None if wtables is None else wtables[:, :widest].index_select(0, slots)
             for i, width in enumerate(plan.widths):
                 part = slice(i * DECODE_GROUP, (i + 1) * DECODE_GROUP)
-                decodes.append(DecodeGroup(rows[part], picked[part, :width], lens[part]))
+                group = DecodeGroup(rows[part], picked[part, :width], lens[part])
+                if wpicked is not None:
+                    group.window_tables = wpicked[part, :width]
+                decodes.append(group)
         prefills = [
-            PrefillSeq(p.row, p.q_len, p.ctx_len, tables[p.slot, : p.num_blocks])
+            PrefillSeq(
+                p.row,
+                p.q_len,
+                p.ctx_len,
+                tables[p.slot, : p.num_blocks],
+                None if wtables is None else wtables[p.slot, : p.num_blocks],
+            )
             for p in plan.prefills
         ]
         ctx = ForwardContext(
@@ -237,6 +279,7 @@ class ModelRunner:
             prefills=prefills,
             decodes=decodes,
             token_rank=plan.placement.token_ranks(plan.num_rows).to(self.device),
+            window_kv_index=window_kv_index,
             expert_capacity_factor=plan.capacity_factor,
         )
         return ModelInput(ids, positions, ctx, seg["sample_rows"])
@@ -246,7 +289,7 @@ class ModelRunner:
         """Run a planned step on this thread: swaps, inputs, forward, sampling on the device,
         then one device-to-host copy of the tokens, logprobs and MoE statistics."""
         started = time.perf_counter()
-        self.swap(plan.swap_out, plan.swap_in)
+        self.swap(plan.swap_out, plan.swap_in, plan.window_swap_out, plan.window_swap_in)
         if not plan.num_rows:
             empty = torch.empty(0, dtype=torch.long, device=self.device)
             return Executed(empty, Sampled([], []), None, started, time.perf_counter())

@@ -36,6 +36,9 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
+    # the same for the sliding layers' pool (engine.window_pool), when the model has one
+    window_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    window_swap_in: list[tuple[int, int]] = field(default_factory=list)
     blocked: BlockReason | None = None  # why the waiting queue's head was left waiting
     ahead_arrival: float | None = None  # latest arrival of that head and of those admitted
 
@@ -108,11 +111,12 @@ class Scheduler:
         """Run `req` with its first `computed` tokens already in KV blocks, as a running
         request of the live engine enters its twin; it waits, to prefill again, when the
         blocks are not there."""
-        if self.blocks.blocks_for(computed) > self.blocks.num_allocatable:
+        req.num_computed_tokens = computed
+        if not self.blocks.fits(req, 0):
+            req.num_computed_tokens = 0
             self.add(req)
             return
-        self.blocks.allocate(req, computed)
-        req.num_computed_tokens = computed
+        self.blocks.allocate(req, 0)
         self._run(req)
 
     @property
@@ -218,7 +222,7 @@ class Scheduler:
 
     def _make_room(self, req: Request, n: int, scheduled: set[int], out: SchedulerOutput) -> bool:
         """Preempt lowest-priority unscheduled running requests until `req` can grow by n."""
-        while self.blocks.blocks_needed(req, n) > self.blocks.num_allocatable:
+        while not self.blocks.fits(req, n):
             candidates = [r for r in self.running if r.seq not in scheduled]
             victim = max(candidates, key=self.policy_key)
             self._preempt(victim, out)
@@ -232,7 +236,9 @@ class Scheduler:
         req.num_preemptions += 1
         out.preempted.append(req)
         if self.knobs.preemption_mode == "swap" and self.blocks.can_swap_out(req):
-            out.swap_out.extend(self.blocks.swap_out(req))
+            pairs, window = self.blocks.swap_out_all(req)
+            out.swap_out.extend(pairs)
+            out.window_swap_out.extend(window)
             req.status = Status.SWAPPED
             self.swapped.append(req)
             return
@@ -251,11 +257,12 @@ class Scheduler:
             req = self.swapped[0]
             prefilling = req.in_prefill
             n = self._chunk_len(req, budget, prefilling)
-            needed = max(len(req.host_blocks), self.blocks.blocks_for(req.num_computed_tokens + n))
-            if n == 0 or needed > self.blocks.num_allocatable - self._watermark():
+            if n == 0 or not self.blocks.can_swap_in(req, n, self._watermark()):
                 break
             self.swapped.popleft()
-            out.swap_in.extend(self.blocks.swap_in(req))
+            pairs, window = self.blocks.swap_in_all(req)
+            out.swap_in.extend(pairs)
+            out.window_swap_in.extend(window)
             self._run(req)
             self._add_chunk(req, n, out, prefilling)
             budget -= n
@@ -304,6 +311,8 @@ class Scheduler:
             cost += self.blocks.blocks_for(hit_tokens + n) - len(matched)
         if reserved + cost > self.blocks.num_allocatable - self._watermark():
             return Admission("kv")
+        if not self.blocks.window_fits(req, len(matched), n):
+            return Admission("kv")
         return Admission(None, n, cost, matched)
 
     def _run(self, req: Request) -> None:
@@ -344,11 +353,15 @@ class Scheduler:
                 chunk.req.num_in_flight += 1
 
     def register(self, req: Request) -> None:
-        """Register the full blocks of a running request for prefix reuse (the check first:
-        most steps fill no block)."""
-        full = req.num_computed_tokens // self.blocks.block_size
-        if req.status is Status.RUNNING and full > req.num_hashed_blocks:
-            self.blocks.register_full_blocks(req)
+        """Register the full blocks of a running request for prefix reuse, and give back
+        the sliding layers' blocks behind the window (the checks first: most steps fill no
+        block and leave none behind)."""
+        blocks = self.blocks
+        full = req.num_computed_tokens // blocks.block_size
+        if req.status is Status.RUNNING and (
+            full > req.num_hashed_blocks or (blocks.window and blocks.behind(req))
+        ):
+            blocks.register_full_blocks(req)
 
     def advance(self, out: SchedulerOutput) -> None:
         """Account for a step having run `out`: computed tokens, and blocks that became full
@@ -365,8 +378,7 @@ class Scheduler:
             self.blocks.free(req)
         elif req.status is Status.SWAPPED:
             self.swapped.remove(req)
-            self.blocks.host_free.extend(req.host_blocks)
-            req.host_blocks = []
+            self.blocks.drop_swapped(req)
         elif req.status is Status.WAITING:
             self.waiting.remove(req)
         req.status = Status.FINISHED

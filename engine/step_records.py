@@ -3,7 +3,7 @@
 thread hands back (`ForwardResult`, `Executed`), and the commands rank 0 sends the other
 expert-parallel ranks (`Swap`, `Forward`, `Rebalance`)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -57,6 +57,9 @@ class StepPlan:
     sample: SampleSpec
     swap_out: list[tuple[int, int]]
     swap_in: list[tuple[int, int]]
+    # the sliding layers' pool's (engine.window_pool), when the model has one
+    window_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    window_swap_in: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -116,6 +119,8 @@ class Swap:
 
     out: list[tuple[int, int]]
     into: list[tuple[int, int]]
+    window_out: list[tuple[int, int]] = field(default_factory=list)
+    window_into: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass

@@ -71,9 +71,11 @@ class KVInfo(BaseModel):
     host_total: int
     host_used: int
     prefix_hit_rate: float
-    # used blocks behind every sliding layer's window (gpt-oss): full-attention layers still
-    # read them, so they stay; a cache per layer kind could free the sliding layers' share
+    # gpt-oss: the sliding layers have their own pool (engine.window_pool); behind_window:
+    # used blocks it does not hold because they fell behind the window (blocks saved)
     behind_window: int = 0
+    window_total: int = 0
+    window_used: int = 0
     # what one token costs in one layer's cache (MLA's latent or K and V); 0 when not known
     bytes_per_token_layer: int = 0
 

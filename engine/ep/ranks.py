@@ -22,6 +22,7 @@ from engine.ep.placement import Placement
 from engine.model.loader import load_model
 from engine.model.tokenizer import Tokenizer
 from engine.runner import ModelRunner
+from engine.window_pool import sized_cache
 
 
 def free_port() -> int:
@@ -70,6 +71,7 @@ def serve_rank(config: EngineConfig) -> None:
     """A torchrun rank other than 0: load its experts and follow rank 0 until it stops."""
     rank = torchrun_rank()
     assert rank is not None and rank > 0
+    config = sized_cache(config)  # the cache rank 0 sized: the same blocks in each pool
     _serve(config, _join_torchrun(config, rank))
 
 

@@ -58,14 +58,21 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         q, k, v = self._qkv(x)
         q, k = self.rotary(positions, q, k)
-        write_kv(self.k_cache, self.v_cache, k, v, ctx.kv_index)
+        # a sliding layer's cache is in the window pool when the model has one
+        window_index = ctx.window_kv_index if self.window else None
+        own_pool = window_index is not None
+        write_kv(
+            self.k_cache, self.v_cache, k, v, ctx.kv_index if window_index is None else window_index
+        )
         out = torch.empty_like(q)
         for g in ctx.decodes:
+            tables = g.window_tables if own_pool else g.block_tables
+            assert tables is not None
             out[g.rows] = decode_attention(
                 q[g.rows],
                 self.k_cache,
                 self.v_cache,
-                g.block_tables,
+                tables,
                 g.ctx_lens,
                 self.scale,
                 self.sinks,
@@ -73,11 +80,13 @@ class Attention(nn.Module):
             )
         for p in ctx.prefills:
             rows = slice(p.q_start, p.q_start + p.q_len)
+            table = p.window_table if own_pool else p.block_table
+            assert table is not None
             out[rows] = prefill_attention(
                 q[rows],
                 self.k_cache,
                 self.v_cache,
-                p.block_table,
+                table,
                 p.ctx_len,
                 self.scale,
                 self.sinks,

@@ -19,6 +19,7 @@ class PrefillSeq:
     q_len: int
     ctx_len: int
     block_table: torch.Tensor
+    window_table: torch.Tensor | None = None  # the sliding layers' pool's, when it has one
 
 
 @dataclass
@@ -28,6 +29,7 @@ class DecodeGroup:
     rows: torch.Tensor
     block_tables: torch.Tensor
     ctx_lens: torch.Tensor
+    window_tables: torch.Tensor | None = None  # the sliding layers' pool's, when it has one
 
 
 class GpuTimer:
@@ -64,6 +66,8 @@ class ForwardContext:
     prefills: list[PrefillSeq]
     decodes: list[DecodeGroup]
     token_rank: torch.Tensor
+    # the same index in the sliding layers' own pool (engine.window_pool), when it has one
+    window_kv_index: torch.Tensor | None = None
     placement: Placement | None = None
     ep: "EPGroup | None" = None  # set when experts are sharded over real ranks
     rank_stats: RankStats | None = None

@@ -76,20 +76,29 @@ class MoETransformer(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
 
-    def allocate_kv_cache(self, num_blocks: int, block_size: int) -> None:
-        """Give every attention layer its paged cache: K and V, or MLA's latents."""
+    def allocate_kv_cache(self, num_blocks: int, block_size: int, window_blocks: int = 0) -> None:
+        """Give every attention layer its paged cache: K and V, or MLA's latents; sliding
+        layers get `window_blocks` blocks (their own pool, engine.window_pool) when > 0.
+        Zeros: a released window entry's block is read under a mask, so values must be
+        finite."""
         cfg = self.cfg
         weight = self.embed_tokens.weight
         dtype, device = weight.dtype, weight.device
-        shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         latent = (num_blocks, block_size, cfg.kv_elements_per_token)
-        for layer in self.decoder_layers:
+        layers = zip(self.decoder_layers, self.window_pool_layers(window_blocks), strict=True)
+        for layer, in_window in layers:
             attn = layer.self_attn
             if isinstance(attn, MLAttention):
                 attn.kv_cache = torch.zeros(latent, dtype=dtype, device=device)
             else:
+                blocks = window_blocks if in_window else num_blocks
+                shape = (blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
                 attn.k_cache = torch.zeros(shape, dtype=dtype, device=device)
                 attn.v_cache = torch.zeros(shape, dtype=dtype, device=device)
+
+    def window_pool_layers(self, window_blocks: int) -> list[bool]:
+        """Per layer: whether its cache is in the sliding layers' pool (of `window_blocks`)."""
+        return [bool(window_blocks) and bool(self.cfg.window(i)) for i in range(len(self.layers))]
 
     def kv_caches(self) -> list[tuple[torch.Tensor, ...]]:
         """Each layer's cache tensors, blocks first (what a swap copies block by block)."""

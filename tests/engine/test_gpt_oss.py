@@ -34,11 +34,17 @@ from test_hf_reference import (
 from transformers import PreTrainedModel
 
 from engine import LLM, LLMEngine, RequestOutput, SamplingParams
+from engine.config import engine_config
+from engine.errors import InvalidInput
 from engine.kv_cache import BlockManager
 from engine.model import mxfp4
 from engine.model.hf_config import model_config_from_hf
+from engine.model.loader import sized_by_kv_memory
 from engine.model.moe import MoEBlock
+from engine.outputs import StepResult
 from engine.request import Request
+from engine.telemetry import KVInfo
+from engine.window_pool import WindowedBlocks
 from kernels import triton_attention
 
 
@@ -180,19 +186,23 @@ def test_triton_attention_matches_transformers(
 
 def test_telemetry_counts_blocks_behind_the_window(checkpoint: Path) -> None:
     """Window 5, blocks of 4: with n tokens computed, the next token's window starts at
-    position n - 4, so (n - 4) // 4 blocks are behind it. They are not freed: the full layer
-    still reads them."""
+    position n - 4, so the (n - 4) // 4 blocks before it are given back by the sliding
+    layers' pool (saved) while the full layer's pool keeps all ceil(n / 4)."""
     engine = LLMEngine(model=str(checkpoint), num_kv_blocks=32, block_size=4)
     engine.add_request(_prompts([21], seed=11)[0], SamplingParams(max_tokens=8, ignore_eos=True))
     kv = [engine.step().telemetry.kv for _ in range(5)]
     assert [k.behind_window for k in kv] == [(n - 4) // 4 for n in range(21, 26)]
     assert [k.used for k in kv] == [-(-n // 4) for n in range(21, 26)]
+    assert [k.window_used for k in kv] == [-(-n // 4) - (n - 4) // 4 for n in range(21, 26)]
+    assert {k.window_total for k in kv} == {32}
 
 
-def test_shared_blocks_in_any_window_are_not_behind() -> None:
-    """Two requests share their first 8 tokens' blocks: the longer one has left them behind,
-    the shorter still reads block 1, so only block 0 counts."""
-    bm = BlockManager(32, 4, 0, window=5)
+def test_shared_prefix_blocks_count_once_in_both_pools() -> None:
+    """Two requests share their first 8 tokens' blocks: the longer one gave back blocks
+    0..3 of the window pool (hashed, so cached), the shorter one's hit of 2 blocks takes
+    block 1 back from that cache for its window. Full pool: 5 + 1 used; window pool: the
+    longer one's block 4 and the shorter one's 1 and 2: 3 blocks saved."""
+    bm = WindowedBlocks(32, 32, 4, 0, True, 5)
     long, short = (
         Request(list(range(n)), SamplingParams(max_tokens=4), request_id=str(n)) for n in (20, 9)
     )
@@ -202,11 +212,119 @@ def test_shared_blocks_in_any_window_are_not_behind() -> None:
         r.num_computed_tokens = r.num_tokens
         bm.register_full_blocks(r)
     assert short.block_table[:2] == long.block_table[:2]
-    assert bm.behind_window([long]) == 4  # (20 - 4) // 4
-    assert bm.behind_window([short]) == 1  # (9 - 4) // 4
-    assert bm.behind_window([long, short]) == 3  # long's 4, less block 1 that short reads
-    assert bm.stats([long, short]).behind_window == 3
-    assert BlockManager(32, 4, 0).behind_window([long, short]) == 0  # no sliding layer
+    assert short.window_table[1] == bm.pool.hash_to_block[long.block_hashes[1]]
+    assert (long.window_first, short.window_first) == (4, 1)
+    kv = bm.stats([long, short])
+    assert (kv.used, kv.window_used, kv.behind_window) == (6, 3, 3)
+    assert BlockManager(32, 4, 0).stats([long, short]).behind_window == 0  # no sliding layer
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_window_pool_stays_bounded_and_matches_transformers(
+    checkpoint: Path, reference: PreTrainedModel, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Contexts of up to 9 windows, chunked prefill, a prefix hit: the window pool holds at
+    most each request's window, its chunk and a block it straddles, while the full pool
+    grows with the contexts, and the logits still match transformers."""
+    monkeypatch.setenv("MOESCOPE_ATTN_BACKEND", backend)
+    engine, rec = _engine(
+        checkpoint,
+        block_size=4,
+        prefill_chunk_size=6,
+        max_num_batched_tokens=8,
+        max_num_seqs=3,
+        enable_prefix_caching=True,
+    )
+    kvs: list[KVInfo] = []
+    step = engine.step
+
+    def recording_step() -> StepResult:
+        result = step()
+        kvs.append(result.telemetry.kv)
+        return result
+
+    engine.step = recording_step  # type: ignore[method-assign]
+    a, b = _prompts([26, 31], seed=8)
+    params = SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True)
+    outputs = _run(engine, [(0, a), (1, b), (12, a[:24] + b[:5])], params)
+    assert min(rec.rows[list(outputs)[-1]]) == 24, "the shared prefix was recomputed"
+    per_request = -(-(5 + 6) // 4) + 1
+    assert max(k.window_used for k in kvs) <= 3 * per_request
+    assert max(k.used for k in kvs) >= 2 * max(k.window_used for k in kvs)
+    assert max(k.behind_window for k in kvs) >= 10
+    _assert_matches_reference(reference, rec, outputs, block=4)
+
+
+def test_window_pool_through_decode_graphs_matches_transformers(
+    checkpoint: Path, reference: PreTrainedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The decode-graph path (padded static buffers, run eagerly on the CPU) with the
+    sliding layers' own tables, index and scratch block: every step's logits match the
+    eager forward (LogitRecorder) and transformers."""
+    monkeypatch.setenv("MOESCOPE_DECODE_GRAPHS", "1")
+    monkeypatch.setenv("MOESCOPE_ATTN_BACKEND", "triton")
+    monkeypatch.setenv("MOESCOPE_MOE_BACKEND", "torch")
+    engine, rec = _engine(checkpoint, block_size=4, prefill_chunk_size=8, max_num_seqs=3)
+    assert engine.runner.graphs is not None and engine.runner.graphs.window_tables is not None
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    outputs = _run(engine, [(0, p) for p in _prompts([9, 14, 5], seed=12)], params)
+    _assert_matches_reference(reference, rec, outputs, block=4)
+
+
+def test_window_pool_under_overlap_gives_the_same_tokens(checkpoint: Path) -> None:
+    """With overlap, blocks are given back while the step before may still read them
+    (they go to another request only in a later step): tokens as without overlap."""
+    prompts = _prompts([23, 9, 17, 30], seed=13)
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    tokens = []
+    for overlap in (False, True):
+        engine = LLMEngine(
+            model=str(checkpoint),
+            num_kv_blocks=40,
+            block_size=4,
+            prefill_chunk_size=6,
+            max_num_batched_tokens=12,
+            max_num_seqs=4,
+            overlap=overlap,
+            threads=1,
+        )
+        assert engine.config.cache.window_blocks == 4 * (-(-(5 + 12) // 4) + 1)
+        outputs = _run(engine, [(2 * i, p) for i, p in enumerate(prompts)], params)
+        tokens.append([o.token_ids for o in outputs.values()])
+    assert tokens[0] == tokens[1]
+
+
+def test_a_budget_the_window_pool_cannot_hold_is_refused(checkpoint: Path) -> None:
+    """One slot and 8 tokens a step: the pool holds 5 blocks of 4 (the window of 5 and a
+    step of 8, and one straddled), so a step of up to 11 tokens still fits, 12 does not."""
+    engine = LLMEngine(
+        model=str(checkpoint),
+        num_kv_blocks=64,
+        block_size=4,
+        max_num_seqs=1,
+        max_num_batched_tokens=8,
+    )
+    assert engine.config.cache.window_blocks == 5
+    engine.update_knobs(max_num_batched_tokens=11)
+    with pytest.raises(InvalidInput, match="sliding layers"):
+        engine.update_knobs(max_num_batched_tokens=12)
+
+
+def test_kv_memory_buys_more_full_blocks_with_the_window_pool(checkpoint: Path) -> None:
+    """The same MiB: the sliding layers' pool is sized first, the full layer takes the rest,
+    so it holds more blocks than when every layer held every block; the caches fit."""
+    args: dict[str, Any] = dict(
+        kv_cache_memory_mib=1, block_size=4, max_num_seqs=2, max_num_batched_tokens=8
+    )
+    one_pool = sized_by_kv_memory(engine_config(str(checkpoint), **args)).cache.num_blocks
+    engine = LLMEngine(model=str(checkpoint), **args)
+    cache = engine.config.cache
+    assert cache.window_blocks == 2 * (-(-(5 + 8) // 4) + 1)
+    assert cache.num_blocks > 2 * one_pool  # 2 of the 3 layers slide
+    caches = engine.model.kv_caches()
+    window, full = cache.window_blocks, cache.num_blocks
+    assert [c[0].shape[0] for c in caches] == [window, full, window]
+    assert sum(t.numel() * t.element_size() for c in caches for t in c) <= 2**20
 
 
 def test_each_term_counts(checkpoint: Path, tmp_path: Path) -> None:
