@@ -100,9 +100,18 @@ function kv(v) {
     ["kv.watermark", "watermark", { color: "#ff7f0e", dash: "dash" }],
   ].map(([col, name, line]) => ({ x: v.steps, y: v.col(col), name, line, ...LINES }));
   // what a token costs in one layer's cache (MLA's latent, or K and V), where the frame says
-  const perLayer = v.latest ? v.latest.kv.bytes_per_token_layer : 0;
+  const latestKV = v.latest ? v.latest.kv : {};
+  const perLayer = latestKV.bytes_per_token_layer || 0;
   const cost = perLayer ? ` (${perLayer.toLocaleString("en")} B per token per layer)` : "";
-  return figure([...stacked, ...limits], `KV cache blocks${cost}`, "blocks", "step", time(v));
+  // gpt-oss: the sliding layers' own pool, and the blocks it gave back behind the window
+  const windowed = latestKV.window_total
+    ? [{ x: v.steps, y: v.col("kv.window_used"), name: "window pool used", ...LINES }]
+    : [];
+  const saved = latestKV.window_total
+    ? `; ${latestKV.behind_window} saved by the window (pool ${latestKV.window_used}/${latestKV.window_total})`
+    : "";
+  const title = `KV cache blocks${cost}${saved}`;
+  return figure([...stacked, ...limits, ...windowed], title, "blocks", "step", time(v));
 }
 
 /** KV blocks per running request: each of the latest step's, and mean / max over steps. */

@@ -86,6 +86,7 @@ function stepRow(frame) {
     "blocks.max": sizes.length ? Math.max(...sizes) : NaN,
   };
   for (const k of ["used", "cached", "free", "usable"]) row[`kv.${k}`] = kv[k];
+  row["kv.window_used"] = kv.window_total ? kv.window_used : NaN; // sliding layers' own pool
   for (const s of STAGES) row[`dur.${s}`] = frame.dur_ms[s];
   for (const q of QUEUES) row[`queue.${q}`] = Number(frame.queue[q]);
   return row;

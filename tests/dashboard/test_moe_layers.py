@@ -131,6 +131,12 @@ def test_the_kv_panel_says_what_a_token_costs_per_layer(page: Page) -> None:
     title = js_panel(page, "kv", steps)["layout"]["title"]["text"]
     assert title == "KV cache blocks (1,152 B per token per layer)"
     assert js_panel(page, "kv", frames(3))["layout"]["title"]["text"] == "KV cache blocks"
+    windowed = frames(3)
+    for i, f in enumerate(windowed):  # gpt-oss: the sliding layers' pool gave blocks back
+        f["kv"].update(behind_window=5 + i, window_total=40, window_used=3)
+    fig = js_panel(page, "kv", windowed)
+    assert fig["layout"]["title"]["text"] == "KV cache blocks; 7 saved by the window (pool 3/40)"
+    assert fig["data"][-1]["name"] == "window pool used" and fig["data"][-1]["y"] == [3] * 3
 
 
 @pytest.mark.slow
