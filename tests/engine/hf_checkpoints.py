@@ -183,8 +183,9 @@ def rewrite_config(path: Path, **changes: object) -> None:
     (path / "config.json").write_text(json.dumps(cfg))
 
 
-def rewrite_tensors(path: Path, edit: Callable[[dict[str, torch.Tensor]], None]) -> None:
-    """Let `edit` change the tensors of the checkpoint's model.safetensors in place."""
+def rewrite_tensors(path: Path, edit: Callable[[dict[str, torch.Tensor]], object]) -> None:
+    """Let `edit` change the tensors of the checkpoint's model.safetensors in place (what it
+    returns, such as a popped tensor, is dropped)."""
     tensors = load_file(path / "model.safetensors")
     edit(tensors)
     save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})

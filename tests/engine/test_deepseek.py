@@ -4,9 +4,9 @@ weights; and the pieces (routing, rope scaling) against transformers' own functi
 
 import json
 import shutil
-from functools import cache
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -15,12 +15,20 @@ from hf_checkpoints import (
     load_reference,
     make_checkpoint,
     make_deepseek_checkpoint,
-    reference_logits,
     rewrite_config,
 )
+from parity import (
+    GREEDY,
+    assert_logprobs_match_reference,
+    cached_reference,
+    check_chunked_prefill_and_prefix_hit,
+    check_preemption,
+    check_prefill_and_decode,
+    check_small_chunks,
+    prompts,
+    run,
+)
 from safetensors.torch import load_file, save_file
-from test_hf_reference import GREEDY, LogitRecorder, _assert_matches_reference, _prompts, _run
-from transformers import PreTrainedModel
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
@@ -45,25 +53,12 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {name: make_deepseek_checkpoint(root, name, seed=i) for i, name in enumerate(NAMES)}
 
 
-@cache
-def _reference(path: Path) -> PreTrainedModel:
-    return load_reference(path)
-
-
-def _engine(path: Path, **kwargs: object) -> tuple[LLMEngine, LogitRecorder]:
-    engine = LLMEngine(model=str(path), **{"num_kv_blocks": 64, **kwargs})  # type: ignore[arg-type]
-    return engine, LogitRecorder(engine)
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_prefill_and_decode_match_transformers(checkpoints: dict[str, Path], name: str) -> None:
     """Whole prompts in one step, then decodes over the latent cache (absorbed projections)."""
-    engine, rec = _engine(
-        checkpoints[name], block_size=16, prefill_chunk_size=0, max_num_batched_tokens=256
-    )
-    outputs = _run(engine, [(0, p) for p in _prompts([7, 13, 21], seed=len(name))], GREEDY)
+    path = checkpoints[name]
+    rec = check_prefill_and_decode(path, cached_reference(path), [7, 13, 21], seed=len(name))
     assert all(not any(c.is_prefill for c in s) for s in rec.steps[1:])
-    _assert_matches_reference(_reference(checkpoints[name]), rec, outputs, block=16)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -72,21 +67,8 @@ def test_chunked_prefill_and_prefix_hits_match_transformers(
 ) -> None:
     """Chunks of 5 over blocks of 4, mixed steps, and a request that reads two full blocks of
     latents another request wrote (a prefix-cache hit)."""
-    engine, rec = _engine(
-        checkpoints[name],
-        block_size=4,
-        prefill_chunk_size=5,
-        max_num_batched_tokens=8,
-        max_num_seqs=4,
-        enable_prefix_caching=True,
-    )
-    a, b, c = _prompts([7, 11, 6], seed=len(name))
-    shared = b[:8] + _prompts([5], seed=99)[0]
-    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-    outputs = _run(engine, [(0, a), (2, b), (3, c), (9, shared)], params)
-    assert min(rec.rows[list(outputs)[-1]]) == 8, "the shared prefix was recomputed"
-    assert any(len({ch.is_prefill for ch in step}) == 2 for step in rec.steps), "no mixed step"
-    _assert_matches_reference(_reference(checkpoints[name]), rec, outputs, block=4)
+    path = checkpoints[name]
+    check_chunked_prefill_and_prefix_hit(path, cached_reference(path), [7, 11, 6], seed=len(name))
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
@@ -94,13 +76,16 @@ def test_preemption_matches_transformers(checkpoints: dict[str, Path], mode: str
     """Too few blocks for three growing requests: some are preempted (their latents dropped
     and recomputed, or swapped to the host and back) and still follow transformers."""
     path = checkpoints["deepseek_v3"]
-    engine, rec = _engine(
-        path, num_kv_blocks=9, block_size=4, preemption_mode=mode, enable_prefix_caching=False
+    outputs, _ = check_preemption(
+        path,
+        cached_reference(path),
+        [9, 8, 7],
+        seed=4,
+        num_kv_blocks=9,
+        preemption_mode=mode,
+        enable_prefix_caching=False,
     )
-    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-    outputs = _run(engine, [(0, p) for p in _prompts([9, 8, 7], seed=4)], params)
     assert sum(out.num_preemptions for out in outputs.values()) > 0
-    _assert_matches_reference(_reference(path), rec, outputs, block=4)
 
 
 def test_latent_cache_holds_kv_lora_rank_plus_rope_per_token(
@@ -140,11 +125,7 @@ def test_fp8_checkpoint_matches_its_dequantized_reference(tmp_path: Path) -> Non
     save_file({**tensors, **quantized}, fp8_path / "model.safetensors", metadata={"format": "pt"})
     quant = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": list(block)}
     rewrite_config(fp8_path, quantization_config=quant)
-    engine, rec = _engine(
-        fp8_path, block_size=4, prefill_chunk_size=5, max_num_batched_tokens=8, max_num_seqs=4
-    )
-    outputs = _run(engine, [(0, p) for p in _prompts([9, 5], seed=8)], GREEDY)
-    _assert_matches_reference(load_reference(ref_path), rec, outputs, block=4)
+    check_small_chunks(fp8_path, load_reference(ref_path), [9, 5], seed=8)
 
 
 def test_fp8_weight_without_its_scale_is_named(tmp_path: Path) -> None:
@@ -179,8 +160,7 @@ def test_expert_parallel_covers_moe_layers_by_their_real_index(
     assert engine.model_config.moe_layers == [1, 2]
     assert len(engine.runner.placement.layers) == 2
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=3)
-    prompts = _prompts([9, 6], seed=6)
-    for prompt in prompts:
+    for prompt in prompts([9, 6], seed=6):
         engine.add_request(prompt, params)
     try:
         steps = [engine.step()]
@@ -192,21 +172,13 @@ def test_expert_parallel_covers_moe_layers_by_their_real_index(
     assert first.layers == 2 and [sum(row) for row in first.counts] == [15 * 2] * 2
     outputs = {o.request_id: o for step in steps for o in step.outputs if o.finished}
     assert len(outputs) == 2
-    ref = _reference(path)
-    for out in outputs.values():
-        seq = out.prompt_token_ids + out.token_ids
-        expected = torch.log_softmax(reference_logits(ref, seq[:-1]), dim=-1)
-        start = len(out.prompt_token_ids) - 1
-        assert out.token_ids == expected[start:].argmax(-1).tolist()
-        for i, top in enumerate(out.logprobs):
-            for token, value in top.items():
-                assert value == pytest.approx(expected[start + i, token].item(), abs=1e-4)
+    assert_logprobs_match_reference(cached_reference(path), outputs)
 
 
 # the pieces against transformers' own functions
 
 
-def _router_config(method: str, norm: bool) -> SimpleNamespace:
+def _router_config(method: str, norm: bool) -> Any:  # stands in for transformers' config
     return SimpleNamespace(
         num_experts_per_tok=3,
         num_experts=16,
@@ -231,7 +203,7 @@ def test_routing_matches_transformers_routers(method: str, norm: bool) -> None:
     with torch.no_grad():
         router.weight.copy_(torch.randn(16, 12, generator=gen))
         if method == "noaux_tc":
-            router.e_score_correction_bias.copy_(torch.randn(16, generator=gen))
+            router.e_score_correction_bias.copy_(torch.randn(16, generator=gen))  # type: ignore[operator]
     x = torch.randn(64, 12, generator=gen)
     _, want_w, want_e = router(x)
     cfg = ModelConfig(
@@ -359,9 +331,7 @@ def test_rope_scaling_on_a_gqa_family_matches_transformers(tmp_path: Path, rope:
     """linear, llama3 and YaRN (its cos/sin factor included) on Qwen3-MoE's rotate-half rope."""
     path = make_checkpoint(tmp_path, "qwen3_moe", seed=3)
     rewrite_config(path, rope_parameters=rope)
-    engine, rec = _engine(path, block_size=4, prefill_chunk_size=0, max_num_batched_tokens=256)
-    outputs = _run(engine, [(0, p) for p in _prompts([30, 11], seed=2)], GREEDY)
-    _assert_matches_reference(load_reference(path), rec, outputs, block=4)
+    check_prefill_and_decode(path, load_reference(path), [30, 11], seed=2, block=4)
 
 
 def test_legacy_rope_scaling_key_is_read() -> None:
@@ -387,8 +357,9 @@ def test_kv_bytes_per_token_in_the_engine_description(checkpoints: dict[str, Pat
     mla = LLMEngine(model=str(checkpoints["deepseek_v3"]), num_kv_blocks=4)
     gqa = LLMEngine(model="synthetic:tiny", num_kv_blocks=4)
     described = [
-        engine_description(SimpleNamespace(engine=e))["kv_bytes_per_token"] for e in (mla, gqa)
-    ]  # type: ignore[arg-type]
+        engine_description(SimpleNamespace(engine=e))["kv_bytes_per_token"]  # type: ignore[arg-type]
+        for e in (mla, gqa)
+    ]
     assert described == [
         {"per_layer": 20 * 4, "all_layers": 20 * 4 * 3, "layout": "latent"},
         {"per_layer": 2 * 2 * 16 * 4, "all_layers": 2 * 2 * 16 * 4 * 2, "layout": "kv"},
@@ -450,10 +421,10 @@ def test_rebalance_places_the_moe_layers_only(checkpoints: dict[str, Path]) -> N
     engine = LLMEngine(
         model=str(checkpoints["deepseek_v2_group"]), num_kv_blocks=32, block_size=4, ep_size=2
     )
-    _run(engine, [(0, p) for p in _prompts([9, 6], seed=1)], GREEDY)
+    run(engine, [(0, p) for p in prompts([9, 6], seed=1)], GREEDY)
     before = engine.placement.version
     engine.rebalance(window=64, replicas=1)
-    outputs = _run(engine, [(0, _prompts([5], seed=2)[0])], GREEDY)
+    outputs = run(engine, [(0, prompts([5], seed=2)[0])], GREEDY)
     assert len(engine.placement.layers) == 2 and engine.placement.version == before + 1
     assert all(len(out.token_ids) == GREEDY.max_tokens for out in outputs.values())
 
@@ -481,11 +452,7 @@ def test_moe_backends_match_transformers(
     expert backend, beside the default's."""
     monkeypatch.setenv("MOESCOPE_MOE_BACKEND", backend)
     path = checkpoints["deepseek_v3"]
-    engine, rec = _engine(
-        path, block_size=4, prefill_chunk_size=5, max_num_batched_tokens=8, max_num_seqs=4
-    )
-    outputs = _run(engine, [(0, p) for p in _prompts([9, 2], seed=5)], GREEDY)
-    _assert_matches_reference(_reference(path), rec, outputs, block=4)
+    check_small_chunks(path, cached_reference(path), [9, 2], seed=5)
 
 
 def test_bf16_keeps_the_selection_bias_float32(checkpoints: dict[str, Path]) -> None:
@@ -502,7 +469,7 @@ def test_bf16_keeps_the_selection_bias_float32(checkpoints: dict[str, Path]) -> 
     assert torch.equal(
         first.e_score_correction_bias, want["model.layers.1.mlp.gate.e_score_correction_bias"]
     )
-    outputs = _run(engine, [(0, _prompts([6], seed=1)[0])], GREEDY)
+    outputs = run(engine, [(0, prompts([6], seed=1)[0])], GREEDY)
     assert all(len(out.token_ids) == GREEDY.max_tokens for out in outputs.values())
 
 

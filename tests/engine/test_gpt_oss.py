@@ -19,21 +19,25 @@ from hf_checkpoints import (
     load_reference,
     make_gpt_oss_checkpoint,
     quantize_gpt_oss_experts,
-    reference_logits,
     rewrite_config,
     rewrite_tensors,
 )
-from test_hf_reference import (
+from parity import (
     GREEDY,
-    LogitRecorder,
-    _assert_matches_reference,
-    _engine,
-    _prompts,
-    _run,
+    assert_matches_reference,
+    check_chunked_prefill_and_prefix_hit,
+    check_expert_parallel,
+    check_preemption,
+    check_prefill_and_decode,
+    check_small_chunks,
+    chunked_engine,
+    prompts,
+    recorded_engine,
+    run,
 )
 from transformers import PreTrainedModel
 
-from engine import LLM, LLMEngine, RequestOutput, SamplingParams
+from engine import LLM, LLMEngine, SamplingParams
 from engine.config import engine_config
 from engine.errors import InvalidInput
 from engine.kv_cache import BlockManager
@@ -41,7 +45,6 @@ from engine.model import mxfp4
 from engine.model.hf_config import model_config_from_hf
 from engine.model.loader import sized_by_kv_memory
 from engine.model.moe import MoEBlock
-from engine.outputs import StepResult
 from engine.request import Request
 from engine.telemetry import KVInfo
 from engine.window_pool import WindowedBlocks
@@ -70,12 +73,8 @@ def test_prefill_and_decode_match_transformers(
     checkpoint: Path, reference: PreTrainedModel
 ) -> None:
     """Whole prompts of 7, 13 and 21 tokens (all past the window), then batched decodes."""
-    engine, rec = _engine(
-        checkpoint, block_size=16, prefill_chunk_size=0, max_num_batched_tokens=256
-    )
-    outputs = _run(engine, [(0, p) for p in _prompts([7, 13, 21], seed=1)], GREEDY)
+    rec = check_prefill_and_decode(checkpoint, reference, [7, 13, 21], seed=1)
     assert [c.num_tokens for c in rec.steps[0]] == [7, 13, 21]
-    _assert_matches_reference(reference, rec, outputs, block=16)
 
 
 def test_yarn_rope_as_released_matches_transformers(tmp_path: Path) -> None:
@@ -90,9 +89,7 @@ def test_yarn_rope_as_released_matches_transformers(tmp_path: Path) -> None:
         "original_max_position_embeddings": 64,
     }
     path = make_gpt_oss_checkpoint(tmp_path, seed=5, rope_parameters=yarn)
-    engine, rec = _engine(path, block_size=16, prefill_chunk_size=0, max_num_batched_tokens=256)
-    outputs = _run(engine, [(0, p) for p in _prompts([13, 70], seed=1)], GREEDY)
-    _assert_matches_reference(load_reference(path), rec, outputs, block=16)
+    check_prefill_and_decode(path, load_reference(path), [13, 70], seed=1)
 
 
 def test_chunked_prefill_and_prefix_hits_match_transformers(
@@ -100,34 +97,7 @@ def test_chunked_prefill_and_prefix_hits_match_transformers(
 ) -> None:
     """Chunks of 5 over blocks of 4, arrivals while others decode, and a request that reads
     two full blocks of another's prompt from the prefix cache."""
-    engine, rec = _engine(
-        checkpoint,
-        block_size=4,
-        prefill_chunk_size=5,
-        max_num_batched_tokens=8,
-        max_num_seqs=4,
-        enable_prefix_caching=True,
-    )
-    a, b, c = _prompts([7, 11, 6], seed=2)
-    shared = b[:8] + _prompts([5], seed=99)[0]
-    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-    outputs = _run(engine, [(0, a), (2, b), (3, c), (9, shared)], params)
-    assert min(rec.rows[list(outputs)[-1]]) == 8, "the shared prefix was recomputed"
-    assert any(len({ch.is_prefill for ch in step}) == 2 for step in rec.steps), "no mixed step"
-    _assert_matches_reference(reference, rec, outputs, block=4)
-
-
-def _run_counting_preemptions(
-    engine: LLMEngine, prompts: list[list[int]], params: SamplingParams
-) -> tuple[dict[str, RequestOutput], int]:
-    rids = [engine.add_request(p, params) for p in prompts]
-    done: dict[str, RequestOutput] = {}
-    preempted = 0
-    while engine.has_unfinished():
-        result = engine.step()
-        preempted += result.telemetry.queue.preempted
-        done.update({o.request_id: o for o in result.outputs if o.finished})
-    return {rid: done[rid] for rid in rids}, preempted
+    check_chunked_prefill_and_prefix_hit(checkpoint, reference, [7, 11, 6], seed=2)
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
@@ -135,21 +105,19 @@ def test_preemption_matches_transformers(
     checkpoint: Path, reference: PreTrainedModel, mode: str
 ) -> None:
     """Four requests in a pool of 12 blocks of 4: some are preempted and resumed."""
-    engine = LLMEngine(
-        model=str(checkpoint),
+    _, preempted = check_preemption(
+        checkpoint,
+        reference,
+        [9, 10, 7, 11],
+        seed=4,
         num_kv_blocks=12,
-        block_size=4,
         num_host_blocks=32,
         preemption_mode=mode,
         prefill_chunk_size=8,
         max_num_batched_tokens=32,
         max_num_seqs=4,
     )
-    rec = LogitRecorder(engine)
-    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-    outputs, preempted = _run_counting_preemptions(engine, _prompts([9, 10, 7, 11], seed=4), params)
     assert preempted > 0
-    _assert_matches_reference(reference, rec, outputs, block=4)
 
 
 @pytest.mark.parametrize("backend", ["loop", "torch", "onednn", "native", "triton"])
@@ -157,11 +125,7 @@ def test_moe_backends_match_transformers(
     checkpoint: Path, reference: PreTrainedModel, backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MOESCOPE_MOE_BACKEND", backend)
-    engine, rec = _engine(
-        checkpoint, block_size=4, prefill_chunk_size=5, max_num_batched_tokens=8, max_num_seqs=4
-    )
-    outputs = _run(engine, [(0, p) for p in _prompts([9, 6], seed=5)], GREEDY)
-    _assert_matches_reference(reference, rec, outputs, block=4)
+    check_small_chunks(checkpoint, reference, [9, 6], seed=5)
 
 
 def test_triton_attention_matches_transformers(
@@ -178,10 +142,10 @@ def test_triton_attention_matches_transformers(
         return kernel(*args, **kwargs)
 
     monkeypatch.setattr(triton_attention, "paged_decode_attention", spy)
-    engine, rec = _engine(checkpoint, block_size=4, prefill_chunk_size=0)
-    outputs = _run(engine, [(0, p) for p in _prompts([8, 12], seed=6)], GREEDY)
+    engine, rec = recorded_engine(checkpoint, block_size=4, prefill_chunk_size=0)
+    outputs = run(engine, [(0, p) for p in prompts([8, 12], seed=6)], GREEDY)
     assert set(windows) == {0, 5}
-    _assert_matches_reference(reference, rec, outputs, block=4)
+    assert_matches_reference(reference, rec, outputs, block=4)
 
 
 def test_telemetry_counts_blocks_behind_the_window(checkpoint: Path) -> None:
@@ -189,7 +153,7 @@ def test_telemetry_counts_blocks_behind_the_window(checkpoint: Path) -> None:
     position n - 4, so the (n - 4) // 4 blocks before it are given back by the sliding
     layers' pool (saved) while the full layer's pool keeps all ceil(n / 4)."""
     engine = LLMEngine(model=str(checkpoint), num_kv_blocks=32, block_size=4)
-    engine.add_request(_prompts([21], seed=11)[0], SamplingParams(max_tokens=8, ignore_eos=True))
+    engine.add_request(prompts([21], seed=11)[0], SamplingParams(max_tokens=8, ignore_eos=True))
     kv = [engine.step().telemetry.kv for _ in range(5)]
     assert [k.behind_window for k in kv] == [(n - 4) // 4 for n in range(21, 26)]
     assert [k.used for k in kv] == [-(-n // 4) for n in range(21, 26)]
@@ -227,32 +191,18 @@ def test_window_pool_stays_bounded_and_matches_transformers(
     most each request's window, its chunk and a block it straddles, while the full pool
     grows with the contexts, and the logits still match transformers."""
     monkeypatch.setenv("MOESCOPE_ATTN_BACKEND", backend)
-    engine, rec = _engine(
-        checkpoint,
-        block_size=4,
-        prefill_chunk_size=6,
-        max_num_batched_tokens=8,
-        max_num_seqs=3,
-        enable_prefix_caching=True,
-    )
+    engine, rec = chunked_engine(checkpoint, chunk=6, seqs=3, enable_prefix_caching=True)
     kvs: list[KVInfo] = []
-    step = engine.step
-
-    def recording_step() -> StepResult:
-        result = step()
-        kvs.append(result.telemetry.kv)
-        return result
-
-    engine.step = recording_step  # type: ignore[method-assign]
-    a, b = _prompts([26, 31], seed=8)
+    a, b = prompts([26, 31], seed=8)
     params = SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True)
-    outputs = _run(engine, [(0, a), (1, b), (12, a[:24] + b[:5])], params)
+    arrivals = [(0, a), (1, b), (12, a[:24] + b[:5])]
+    outputs = run(engine, arrivals, params, on_step=lambda r: kvs.append(r.telemetry.kv))
     assert min(rec.rows[list(outputs)[-1]]) == 24, "the shared prefix was recomputed"
     per_request = -(-(5 + 6) // 4) + 1
     assert max(k.window_used for k in kvs) <= 3 * per_request
     assert max(k.used for k in kvs) >= 2 * max(k.window_used for k in kvs)
     assert max(k.behind_window for k in kvs) >= 10
-    _assert_matches_reference(reference, rec, outputs, block=4)
+    assert_matches_reference(reference, rec, outputs, block=4)
 
 
 def test_window_pool_through_decode_graphs_matches_transformers(
@@ -264,17 +214,17 @@ def test_window_pool_through_decode_graphs_matches_transformers(
     monkeypatch.setenv("MOESCOPE_DECODE_GRAPHS", "1")
     monkeypatch.setenv("MOESCOPE_ATTN_BACKEND", "triton")
     monkeypatch.setenv("MOESCOPE_MOE_BACKEND", "torch")
-    engine, rec = _engine(checkpoint, block_size=4, prefill_chunk_size=8, max_num_seqs=3)
+    engine, rec = recorded_engine(checkpoint, block_size=4, prefill_chunk_size=8, max_num_seqs=3)
     assert engine.runner.graphs is not None and engine.runner.graphs.window_tables is not None
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-    outputs = _run(engine, [(0, p) for p in _prompts([9, 14, 5], seed=12)], params)
-    _assert_matches_reference(reference, rec, outputs, block=4)
+    outputs = run(engine, [(0, p) for p in prompts([9, 14, 5], seed=12)], params)
+    assert_matches_reference(reference, rec, outputs, block=4)
 
 
 def test_window_pool_under_overlap_gives_the_same_tokens(checkpoint: Path) -> None:
     """With overlap, blocks are given back while the step before may still read them
     (they go to another request only in a later step): tokens as without overlap."""
-    prompts = _prompts([23, 9, 17, 30], seed=13)
+    prompt_ids = prompts([23, 9, 17, 30], seed=13)
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     tokens = []
     for overlap in (False, True):
@@ -289,7 +239,7 @@ def test_window_pool_under_overlap_gives_the_same_tokens(checkpoint: Path) -> No
             threads=1,
         )
         assert engine.config.cache.window_blocks == 4 * (-(-(5 + 12) // 4) + 1)
-        outputs = _run(engine, [(2 * i, p) for i, p in enumerate(prompts)], params)
+        outputs = run(engine, [(2 * i, p) for i, p in enumerate(prompt_ids)], params)
         tokens.append([o.token_ids for o in outputs.values()])
     assert tokens[0] == tokens[1]
 
@@ -329,11 +279,12 @@ def test_kv_memory_buys_more_full_blocks_with_the_window_pool(checkpoint: Path) 
 
 def test_each_term_counts(checkpoint: Path, tmp_path: Path) -> None:
     """Zeroing the sinks, the router bias or the expert biases changes the logits."""
-    prompt = _prompts([12], seed=7)[0]
+    prompt = prompts([12], seed=7)[0]
     params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=5)
 
     def top_logprobs(path: Path) -> dict[int, float]:
         [out] = LLM(model=str(path), num_kv_blocks=16).generate([prompt], params, use_tqdm=False)
+        assert out.logprobs is not None
         return out.logprobs[0]
 
     def zero(suffix: str) -> Callable[[dict[str, torch.Tensor]], None]:
@@ -356,9 +307,7 @@ def test_mxfp4_checkpoint_matches_its_dequantized_reference(tmp_path: Path) -> N
     dense = make_gpt_oss_checkpoint(tmp_path, "dense", seed=8, **GPT_OSS_MXFP4)
     packed = tmp_path / "mxfp4"
     quantize_gpt_oss_experts(dense, packed)
-    engine, rec = _engine(
-        packed, block_size=4, prefill_chunk_size=6, max_num_batched_tokens=12, max_num_seqs=4
-    )
+    engine, rec = chunked_engine(packed, chunk=6, budget=12)
     block = engine.model.decoder_layers[1].mlp
     assert isinstance(block, MoEBlock)
     torch.testing.assert_close(
@@ -367,8 +316,8 @@ def test_mxfp4_checkpoint_matches_its_dequantized_reference(tmp_path: Path) -> N
         rtol=0,
         atol=0,
     )
-    outputs = _run(engine, [(0, p) for p in _prompts([9, 14], seed=9)], GREEDY)
-    _assert_matches_reference(load_reference(dense), rec, outputs, block=4)
+    outputs = run(engine, [(0, p) for p in prompts([9, 14], seed=9)], GREEDY)
+    assert_matches_reference(load_reference(dense), rec, outputs, block=4)
 
 
 def test_mxfp4_without_scales_is_refused(tmp_path: Path) -> None:
@@ -416,30 +365,7 @@ def test_bad_configs_are_refused(
 def test_expert_parallel_matches_transformers(checkpoint: Path, reference: PreTrainedModel) -> None:
     """Experts sharded over 2 real ranks (each rank picks its hosted experts' biases):
     log-probabilities and greedy tokens still follow transformers."""
-    engine = LLMEngine(
-        model=str(checkpoint),
-        num_kv_blocks=64,
-        block_size=4,
-        prefill_chunk_size=8,
-        max_num_batched_tokens=24,
-        max_num_seqs=8,
-        ep_size=2,
-        ep_distributed=True,
-    )
-    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, logprobs=3)
-    try:
-        prompts = _prompts([7, 13], seed=10)
-        outputs = _run(engine, [(0, prompts[0]), (1, prompts[1])], params)
-    finally:
-        engine.close()
-    for out in outputs.values():
-        seq = out.prompt_token_ids + out.token_ids
-        expected = torch.log_softmax(reference_logits(reference, seq[:-1]), dim=-1)
-        start = len(out.prompt_token_ids) - 1
-        assert out.token_ids == expected[start:].argmax(-1).tolist()
-        for i, top in enumerate(out.logprobs):
-            for token, value in top.items():
-                assert value == pytest.approx(expected[start + i, token].item(), abs=1e-4)
+    check_expert_parallel(checkpoint, reference, [7, 13], seed=10, steps=[0, 1])
 
 
 @pytest.mark.parametrize(

@@ -5,44 +5,42 @@ match transformers run on the whole sequence; greedy tokens must be its argmax. 
 loader's refusals and the tokenizer.json round trip.
 """
 
-import dataclasses
 import fcntl
 import json
 import os
 import pty
-import random
 import select
 import shutil
 import struct
 import subprocess
 import sys
 import termios
-from collections.abc import Callable
-from functools import cache
 from pathlib import Path
 
 import pytest
-import torch
 from hf_checkpoints import (
     BOS,
     SPECS,
     build_tokenizer,
-    load_reference,
     make_checkpoint,
-    reference_logits,
     rewrite_config,
     rewrite_tensors,
 )
+from parity import (
+    GREEDY,
+    cached_reference,
+    check_chunked_prefill_and_prefix_hit,
+    check_expert_parallel,
+    check_prefill_and_decode,
+    check_small_chunks,
+    run,
+)
 from tokenizers import Tokenizer
-from transformers import PreTrainedModel
 
-from engine import LLM, LLMEngine, RequestOutput, SamplingParams
+from engine import LLM, LLMEngine, SamplingParams
 from engine.model.hf_config import model_config_from_hf
 from engine.model.tokenizer import FileTokenizer
-from engine.scheduler import SchedulerOutput
-from engine.step_records import ForwardResult, ModelInput
 
-ATOL = 1e-4
 FAMILIES = list(SPECS)
 
 
@@ -52,135 +50,15 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {name: make_checkpoint(root, name, seed=i) for i, name in enumerate(SPECS)}
 
 
-@cache
-def _reference(path: Path) -> PreTrainedModel:
-    return load_reference(path)
-
-
-@dataclasses.dataclass(frozen=True)
-class Chunk:
-    req: str
-    start: int
-    num_tokens: int
-    is_prefill: bool
-
-
-class LogitRecorder:
-    """Wraps an engine's scheduler and runner to keep the logits of every row of every step.
-
-    The wrapper reruns the model on the step's input (rewriting the same KV is idempotent),
-    projects all rows to logits, then lets the engine's own forward run unchanged.
-    """
-
-    def __init__(self, engine: LLMEngine) -> None:
-        self.engine = engine
-        self.rows: dict[str, dict[int, torch.Tensor]] = {}
-        self.steps: list[list[Chunk]] = []
-        self._sched: SchedulerOutput | None = None
-        schedule, forward = engine.scheduler.schedule, engine.runner.forward
-        engine.scheduler.schedule = self._wrap_schedule(schedule)  # type: ignore[method-assign]
-        engine.runner.forward = self._wrap_forward(forward)  # type: ignore[method-assign]
-
-    def _wrap_schedule(self, schedule: Callable[[], SchedulerOutput]) -> Callable:
-        def recording_schedule() -> SchedulerOutput:
-            self._sched = schedule()
-            return self._sched
-
-        return recording_schedule
-
-    def _wrap_forward(self, forward: Callable[[ModelInput], ForwardResult]) -> Callable:
-        def recording_forward(inp: ModelInput) -> ForwardResult:
-            logits = self._all_logits(inp)
-            result = forward(inp)
-            torch.testing.assert_close(result.logits, logits[inp.sample_rows], atol=1e-5, rtol=0)
-            return result
-
-        return recording_forward
-
-    @torch.inference_mode()
-    def _all_logits(self, inp: ModelInput) -> torch.Tensor:
-        model = self.engine.model
-        ctx = dataclasses.replace(inp.ctx, expert_counts=[], expert_dropped=[])
-        logits = model.compute_logits(model(inp.input_ids, inp.positions, ctx))
-        assert self._sched is not None
-        chunks = [
-            Chunk(c.req.request_id, c.start, c.num_tokens, c.is_prefill) for c in self._sched.chunks
-        ]
-        row = 0
-        for c in chunks:
-            per_pos = self.rows.setdefault(c.req, {})
-            for i in range(c.num_tokens):
-                per_pos[c.start + i] = logits[row + i].clone()
-            row += c.num_tokens
-        assert row == logits.shape[0]
-        self.steps.append(chunks)
-        return logits
-
-
-def _engine(path: Path, **kwargs: int | bool) -> tuple[LLMEngine, LogitRecorder]:
-    engine = LLMEngine(model=str(path), num_kv_blocks=64, **kwargs)
-    return engine, LogitRecorder(engine)
-
-
-def _run(
-    engine: LLMEngine, arrivals: list[tuple[int, list[int]]], params: SamplingParams
-) -> dict[str, RequestOutput]:
-    """Add each prompt at its step index, step until everything finished."""
-    pending = sorted(arrivals, key=lambda a: a[0])
-    rids: list[str] = []
-    done: dict[str, RequestOutput] = {}
-    step = 0
-    while pending or engine.has_unfinished():
-        while pending and pending[0][0] <= step:
-            rids.append(engine.add_request(pending.pop(0)[1], params))
-        for out in engine.step().outputs:
-            if out.finished:
-                done[out.request_id] = out
-        step += 1
-    assert sorted(done) == sorted(rids)
-    return {rid: done[rid] for rid in rids}
-
-
-def _assert_matches_reference(
-    ref: PreTrainedModel, rec: LogitRecorder, outputs: dict[str, RequestOutput], block: int
-) -> None:
-    for rid, out in outputs.items():
-        seq = out.prompt_token_ids + out.token_ids
-        fed = len(seq) - 1  # the last generated token is never fed back
-        positions = sorted(rec.rows[rid])
-        first = positions[0]
-        assert first % block == 0, f"{rid}: first computed position {first}"
-        assert positions == list(range(first, fed)), f"{rid}: computed positions {positions}"
-        expected = reference_logits(ref, seq[:fed])
-        ours = torch.stack([rec.rows[rid][p] for p in positions])
-        err = (ours - expected[first:]).abs().max().item()
-        assert err < ATOL, f"{rid}: max |logit error| {err:.2e} over positions {first}..{fed}"
-        prompt_len = len(out.prompt_token_ids)
-        assert out.token_ids == expected[prompt_len - 1 :].argmax(-1).tolist(), rid
-
-
-def _prompts(lengths: list[int], seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(3, 128) for _ in range(n)] for n in lengths]
-
-
-GREEDY = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
-
-
 @pytest.mark.parametrize("name", FAMILIES)
 def test_prefill_and_decode_match_transformers(checkpoints: dict[str, Path], name: str) -> None:
     """Whole prompts in one step (7, 13 and 21 tokens, block size 16), then batched decodes."""
-    engine, rec = _engine(
-        checkpoints[name], block_size=16, prefill_chunk_size=0, max_num_batched_tokens=256
-    )
-    prompts = _prompts([7, 13, 21], seed=len(name))
-    outputs = _run(engine, [(0, p) for p in prompts], GREEDY)
-    first = rec.steps[0]
-    assert [(c.start, c.num_tokens, c.is_prefill) for c in first] == [
-        (0, len(p), True) for p in prompts
+    path = checkpoints[name]
+    rec = check_prefill_and_decode(path, cached_reference(path), [7, 13, 21], seed=len(name))
+    assert [(c.start, c.num_tokens, c.is_prefill) for c in rec.steps[0]] == [
+        (0, n, True) for n in (7, 13, 21)
     ]
     assert all(len(s) == 3 and not any(c.is_prefill for c in s) for s in rec.steps[1:])
-    _assert_matches_reference(_reference(checkpoints[name]), rec, outputs, block=16)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -190,41 +68,22 @@ def test_chunked_mixed_batches_match_transformers(checkpoints: dict[str, Path], 
     The last request shares two full blocks with an earlier one and reads them from the
     prefix cache, so its attention runs over KV another request wrote.
     """
-    engine, rec = _engine(
-        checkpoints[name],
-        block_size=4,
-        prefill_chunk_size=5,
-        max_num_batched_tokens=8,
-        max_num_seqs=4,
-        enable_prefix_caching=True,
+    path = checkpoints[name]
+    rec = check_chunked_prefill_and_prefix_hit(
+        path, cached_reference(path), [7, 11, 6, 3], seed=len(name)
     )
-    a, b, c, d = _prompts([7, 11, 6, 3], seed=len(name))
-    shared = b[:8] + _prompts([5], seed=99)[0]  # two full blocks in common with b
-    arrivals = [(0, a), (2, b), (3, c), (3, d), (9, shared)]
-    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-    outputs = _run(engine, arrivals, params)
-    assert min(rec.rows[list(outputs)[-1]]) == 8, "the shared prefix was recomputed"
     chunks = [ch for step in rec.steps for ch in step]
     assert any(ch.is_prefill and ch.start % 4 for ch in chunks), "no chunk starts mid-block"
-    assert any(len({ch.is_prefill for ch in step}) == 2 for step in rec.steps), "no mixed step"
     assert max(len(step) for step in rec.steps) >= 3
     assert max(sum(ch.num_tokens for ch in step) for step in rec.steps) <= 8
-    _assert_matches_reference(_reference(checkpoints[name]), rec, outputs, block=4)
 
 
 def test_moe_loop_backend_matches_transformers(
     checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MOESCOPE_MOE_BACKEND", "loop")
-    engine, rec = _engine(
-        checkpoints["qwen2_moe"],
-        block_size=4,
-        prefill_chunk_size=5,
-        max_num_batched_tokens=8,
-        max_num_seqs=4,
-    )
-    outputs = _run(engine, [(0, p) for p in _prompts([9, 2], seed=5)], GREEDY)
-    _assert_matches_reference(_reference(checkpoints["qwen2_moe"]), rec, outputs, block=4)
+    path = checkpoints["qwen2_moe"]
+    check_small_chunks(path, cached_reference(path), [9, 2], seed=5)
 
 
 # loading errors
@@ -295,7 +154,7 @@ def test_checkpoint_without_tokenizer_takes_token_ids_only(tmp_path: Path) -> No
     engine = LLMEngine(model=str(path), num_kv_blocks=16, block_size=4)
     with pytest.raises(ValueError, match="no tokenizer.json: pass prompts as token ids"):
         engine.add_request("the cat sat", GREEDY)
-    [out] = _run(engine, [(0, [BOS, 5, 6, 7])], GREEDY).values()
+    [out] = run(engine, [(0, [BOS, 5, 6, 7])], GREEDY).values()
     assert len(out.token_ids) == GREEDY.max_tokens
     assert out.text == ""
 
@@ -326,31 +185,8 @@ def test_text_prompt_round_trip(checkpoints: dict[str, Path]) -> None:
 def test_expert_parallel_matches_transformers(checkpoints: dict[str, Path], name: str) -> None:
     """Experts sharded over 2 real ranks: log-probabilities of every generated position and
     the greedy tokens still follow transformers (shared experts included)."""
-    engine = LLMEngine(
-        model=str(checkpoints[name]),
-        num_kv_blocks=64,
-        block_size=4,
-        prefill_chunk_size=8,
-        max_num_batched_tokens=24,
-        max_num_seqs=8,
-        ep_size=2,
-        ep_distributed=True,
-    )
-    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, logprobs=3)
-    try:
-        prompts = _prompts([7, 13, 21], seed=len(name) + 1)
-        outputs = _run(engine, [(0, prompts[0]), (1, prompts[1]), (3, prompts[2])], params)
-    finally:
-        engine.close()
-    ref = _reference(checkpoints[name])
-    for out in outputs.values():
-        seq = out.prompt_token_ids + out.token_ids
-        expected = torch.log_softmax(reference_logits(ref, seq[:-1]), dim=-1)
-        start = len(out.prompt_token_ids) - 1
-        assert out.token_ids == expected[start:].argmax(-1).tolist()
-        for i, top in enumerate(out.logprobs):
-            for token, value in top.items():
-                assert value == pytest.approx(expected[start + i, token].item(), abs=ATOL)
+    path = checkpoints[name]
+    check_expert_parallel(path, cached_reference(path), [7, 13, 21], len(name) + 1, steps=[0, 1, 3])
 
 
 @pytest.mark.slow
