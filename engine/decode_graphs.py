@@ -2,13 +2,14 @@
 
 A step whose chunks are all decodes is padded up to the next size in SIZES and run on static
 buffers: token ids, positions, KV cache indices, block tables at the model's full width, context
-lengths, ranks and a row mask. Padding rows write their K/V into a scratch block (one block
-past those the block manager hands out) and attend to it alone; MoE layers leave them out of
-their expert counts. A graph is captured on the first step of its size, for the backends in
-force then. Eligible steps: Triton decode attention (its work follows the context lengths,
-not the padded table width), no expert capacity factor and not the per-expert loop MoE
-backend (both need host syncs), at most SIZES[-1] rows. The MoE time of a replayed step is
-not measured (reported as 0).
+lengths, ranks and a row mask. Padding rows write their K/V (MLA: their latent) into a
+scratch block (one block past those the block manager hands out) and attend to it alone; MoE
+layers leave them out of their expert counts and DeepSeek's group counts. A graph is captured
+on the first step of its size, for the backends in force then. Eligible steps: Triton decode
+attention, GQA (kernels.triton_attention) or MLA (kernels.triton_mla), whose work follows the
+context lengths, not the padded table width; no expert capacity factor and not the per-expert
+loop MoE backend (both need host syncs); at most SIZES[-1] rows. The MoE time of a replayed
+step is not measured (reported as 0).
 
 MOESCOPE_DECODE_GRAPHS=0 turns graphs off on CUDA; =1 on the CPU runs the same padded path
 eagerly (nothing is captured), so that the padding is tested without a GPU.
@@ -40,6 +41,7 @@ class _Graph:
     counts: torch.Tensor
     dropped: torch.Tensor
     rank_pairs: torch.Tensor
+    groups: torch.Tensor | None = None  # [MoE layers, groups] under DeepSeek's group routing
 
 
 class DecodeGraphs:
@@ -81,8 +83,6 @@ class DecodeGraphs:
             and 0 < num_rows <= SIZES[-1]
             and attn_backend(self.device) == "triton"
             and self._moe() in ("triton", "torch")  # the others read counts on the host
-            # MLA's decode is torch, whose work follows the padded table's full width
-            and not self.model.cfg.kv_lora_rank
         )
 
     def _moe(self) -> str:
@@ -94,8 +94,9 @@ class DecodeGraphs:
         positions: torch.Tensor,
         ctx: ForwardContext,
         sample_rows: torch.Tensor,
-    ) -> tuple[torch.Tensor, ...]:
-        """(logits of sample_rows, expert counts, dropped, rank pairs) for one decode step."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(logits of sample_rows, expert counts, dropped, rank pairs, group counts or None)
+        for one decode step."""
         n = input_ids.numel()
         size = next(s for s in SIZES if s >= n)
         self._fill(input_ids, positions, ctx, n, size)
@@ -108,6 +109,7 @@ class DecodeGraphs:
             graph.counts.clone(),
             graph.dropped.clone(),
             graph.rank_pairs.clone(),
+            None if graph.groups is None else graph.groups.clone(),
         )
 
     def _fill(
@@ -159,14 +161,16 @@ class DecodeGraphs:
             ctx.decodes[0].window_tables = self.window_tables[:size]
 
         def forward() -> tuple[torch.Tensor, ...]:
-            for stats in (ctx.expert_counts, ctx.expert_dropped, ctx.rank_pairs):
+            for stats in (ctx.expert_counts, ctx.expert_dropped, ctx.rank_pairs, ctx.group_counts):
                 stats.clear()
             hidden = self.model(self.ids[:size], self.positions[:size], ctx)
+            groups = [torch.stack(ctx.group_counts)] if ctx.group_counts else []
             return (
                 self.model.compute_logits(hidden),
                 torch.stack(ctx.expert_counts),
                 torch.stack(ctx.expert_dropped),
                 torch.stack(ctx.rank_pairs),
+                *groups,
             )
 
         if self.pool is None:

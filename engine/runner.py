@@ -377,10 +377,10 @@ class ModelRunner:
         ctx = inp.ctx
         if self.graphs is not None and self.graphs.eligible(ctx, inp.input_ids.numel()):
             ctx.placement = self.placement
-            logits, counts, dropped, pairs = self.graphs.run(
+            logits, counts, dropped, pairs, groups = self.graphs.run(
                 inp.input_ids, inp.positions, ctx, inp.sample_rows
             )
-            return ForwardResult(logits, counts, dropped, 0.0, pairs)
+            return ForwardResult(logits, counts, dropped, 0.0, pairs, group_counts=groups)
         if self.ep is not None:
             self.ep.send(Forward(inp))
         hidden, ctx = self._run(inp)

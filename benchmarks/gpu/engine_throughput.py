@@ -1,13 +1,14 @@
 """The offline engine on a larger synthetic model, on the GPU in bf16, per backend.
 
-    python -m benchmarks.gpu.engine_throughput --json engine.json [--dry-run]
+    python -m benchmarks.gpu.engine_throughput --json engine.json [--dry-run] [--model M]
 
 All requests arrive at once (seeded random prompts, greedy, EOS ignored). The engine runs
 on the Triton backends with decode CUDA graphs (`triton`), without them (`triton-eager`,
 MOESCOPE_DECODE_GRAPHS=0) and on the torch backends (`torch`; MOESCOPE_MOE_BACKEND and
 MOESCOPE_ATTN_BACKEND); each run reports output tokens per second, steps, and the mean
 forward time of decode-only steps. The model is a synthetic preset registered here, wider
-than the engine's own presets (see LARGE).
+than the engine's own presets (see LARGE), unless --model names another (run_all.sh also runs
+synthetic:dsv2-lite, whose MLA decodes in the graphs too).
 """
 
 import argparse
@@ -54,17 +55,21 @@ class Workload:
     max_num_seqs: int
 
 
-def bench_workload(dry_run: bool, requests: int, max_tokens: int, max_num_seqs: int) -> Workload:
-    """The GPU benchmark's workload (synthetic:tiny on the CPU for a dry run)."""
+def bench_workload(
+    dry_run: bool, requests: int, max_tokens: int, max_num_seqs: int, model: str | None = None
+) -> Workload:
+    """The GPU benchmark's workload on `model` (default synthetic:gpu-bench; synthetic:tiny
+    on the CPU for a dry run)."""
     device = str(pick_device(dry_run))
     from engine.model.loader import SYNTHETIC_PRESETS
 
     SYNTHETIC_PRESETS.setdefault("gpu-bench", LARGE)
     if dry_run:
         tiny = workload(3, 0, (4, 12))
-        return Workload("synthetic:tiny", device, "float32", tiny, 3, max_num_seqs)
+        return Workload(model or "synthetic:tiny", device, "float32", tiny, 3, max_num_seqs)
     prompts = workload(requests, 0, (64, 512))
-    return Workload("synthetic:gpu-bench", device, "bfloat16", prompts, max_tokens, max_num_seqs)
+    name = model or "synthetic:gpu-bench"
+    return Workload(name, device, "bfloat16", prompts, max_tokens, max_num_seqs)
 
 
 def warmed(backend: str, w: Workload) -> tuple["LLMEngine", "SamplingParams"]:
@@ -143,9 +148,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         choices=["triton", "triton-eager", "torch"],
         help="default: all three (triton and torch with --dry-run)",
     )
+    p.add_argument("--model", default=None, help="default: synthetic:gpu-bench (dry run: tiny)")
     p.add_argument("--dry-run", action="store_true", help="synthetic:tiny on the CPU")
     args = p.parse_args(argv)
-    w = bench_workload(args.dry_run, args.requests, args.max_tokens, args.max_num_seqs)
+    w = bench_workload(args.dry_run, args.requests, args.max_tokens, args.max_num_seqs, args.model)
     backends = args.backends or (
         ["triton", "torch"] if args.dry_run else ["triton", "triton-eager", "torch"]
     )

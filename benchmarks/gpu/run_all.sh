@@ -8,10 +8,12 @@
 # kernels/configs/grouped_gemm.json; copy bandwidth and bf16 matmul rate; our grouped GEMM
 # against torch grouped_mm and a per-expert loop; MLA decode attention (ours against the torch
 # absorbed and expanded paths, in bench.log only); the offline engine on a larger synthetic
-# model per backend; where a decode step's host time goes (cProfile, in bench.log); then one
-# table (printed, and written to $OUT/gpu_results.md). Each step has a time limit, so that one
-# that hangs leaves the others their time (about 10 minutes in all); the benchmarks write their
-# JSON after each row, so a step cut short keeps its rows.
+# model per backend; the engine on synthetic:dsv2-lite (MLA) with and without decode graphs
+# (engine_mla.json, outside the table; the dry run tries the torch backend only); where a
+# decode step's host time goes (cProfile, in bench.log); then one table (printed, and written
+# to $OUT/gpu_results.md). Each step has a time limit, so that one that hangs leaves the others
+# their time (about 10 minutes in all); the benchmarks write their JSON after each row, so a
+# step cut short keeps its rows.
 #
 # The engine needs pydantic, which the GPU image lacks: put its wheels in .whl/ (ignored by
 # git) and carry .whl; they are installed into /tmp/site here. To fetch them (Python 3.12):
@@ -59,6 +61,12 @@ step bench.log 110 $PY -m benchmarks.gpu.moe_kernels "${DRY[@]}" --roofline "$OU
     --json "$OUT/moe.json"
 step bench.log 60 $PY -m benchmarks.gpu.mla_decode "${DRY[@]}"
 step bench.log 140 $PY -m benchmarks.gpu.engine_throughput "${DRY[@]}" --json "$OUT/engine.json"
+# Triton's interpreter takes minutes over dsv2-lite's 64 experts, so the dry run checks the
+# option with the torch backend
+MLA=(--backends triton triton-eager --requests 128 --json "$OUT/engine_mla.json")
+if [ -n "${DRY_RUN:-}" ]; then MLA=(--backends torch); fi
+step bench.log 120 $PY -m benchmarks.gpu.engine_throughput "${DRY[@]}" --model synthetic:dsv2-lite \
+    "${MLA[@]}"
 step bench.log 60 $PY -m benchmarks.gpu.step_profile "${DRY[@]}"
 step bench.log 20 $PY -m benchmarks.gpu.report --roofline "$OUT/roofline.json" \
     --moe "$OUT/moe.json" --engine "$OUT/engine.json" --out "$OUT/gpu_results.md"
