@@ -189,7 +189,9 @@ class DecodeGraphs:
                     forward()
             torch.cuda.current_stream().wait_stream(stream)
             cuda_graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(cuda_graph, pool=self.pool):
+            # thread_local: with overlap the engine thread plans the next step meanwhile, and
+            # a CUDA call of its own (a pinned buffer, a generator) must not void this capture
+            with torch.cuda.graph(cuda_graph, pool=self.pool, capture_error_mode="thread_local"):
                 outputs = forward()
             graph = _Graph(cuda_graph.replay, *outputs)
         self.graphs[key] = graph

@@ -5,16 +5,22 @@
 All requests arrive at once (seeded random prompts, greedy, EOS ignored). The engine runs
 on the Triton backends with decode CUDA graphs (`triton`), without them (`triton-eager`,
 MOESCOPE_DECODE_GRAPHS=0) and on the torch backends (`torch`; MOESCOPE_MOE_BACKEND and
-MOESCOPE_ATTN_BACKEND); each run reports output tokens per second, steps, and the mean
-forward time of decode-only steps. The model is a synthetic preset registered here, wider
-than the engine's own presets (see LARGE), unless --model names another (run_all.sh also runs
-synthetic:dsv2-lite, whose MLA decodes in the graphs too).
+MOESCOPE_ATTN_BACKEND); the backends --overlap names (default: triton) run again with the
+engine's `overlap` on, on an engine of their own (each step planned while the one before runs,
+issue 47). Each run reports output tokens per second, steps, the summed forward time of all
+steps (`dur_ms.forward`) and its share of the wall time (the forward-only ceiling: 1 when the
+device never waits for the host), and per decode-only step the mean forward time, host time
+(`dur_ms.host`) and the part of it hidden behind a forward pass (`dur_ms.hidden`). The model
+is a synthetic preset registered here, wider than the engine's own presets (see LARGE), unless
+--model names another (run_all.sh also runs synthetic:dsv2-lite, whose MLA decodes in the
+graphs too).
 """
 
 import argparse
 import os
 import random
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +29,7 @@ from benchmarks.gpu.bench_util import pick_device, save
 
 if TYPE_CHECKING:
     from engine import LLMEngine, SamplingParams
+    from engine.telemetry import Durations
 
 LARGE = dict(
     hidden_size=1024,
@@ -72,9 +79,11 @@ def bench_workload(
     return Workload(name, device, "bfloat16", prompts, max_tokens, max_num_seqs)
 
 
-def warmed(backend: str, w: Workload) -> tuple["LLMEngine", "SamplingParams"]:
-    """An engine on `backend` that has run a workload of the same lengths once, and the
-    sampling parameters to run `w.prompts` with."""
+def warmed(
+    backend: str, w: Workload, overlap: bool = False
+) -> tuple["LLMEngine", "SamplingParams"]:
+    """An engine on `backend` (with `overlap` on or off) that has run a workload of the same
+    lengths once, and the sampling parameters to run `w.prompts` with."""
     from engine import LLMEngine, SamplingParams
 
     kernels = backend.removesuffix("-eager")
@@ -92,6 +101,7 @@ def warmed(backend: str, w: Workload) -> tuple["LLMEngine", "SamplingParams"]:
         max_num_seqs=w.max_num_seqs,
         max_num_batched_tokens=4096,
         prefill_chunk_size=2048,
+        overlap=overlap,
     )
     params = SamplingParams(max_tokens=w.max_tokens, temperature=0, ignore_eos=True)
     # Warm-up on the whole workload: Triton compiles a kernel per specialization of its
@@ -106,32 +116,44 @@ def warmed(backend: str, w: Workload) -> tuple["LLMEngine", "SamplingParams"]:
     return engine, params
 
 
-def run(backend: str, w: Workload) -> dict[str, Any]:
+def mean(values: list[float]) -> float:
+    return sum(values) / max(1, len(values))
+
+
+def run(backend: str, w: Workload, overlap: bool = False) -> dict[str, Any]:
     """One warmed engine, all requests at once, stepped until done."""
-    engine, params = warmed(backend, w)
+    engine, params = warmed(backend, w, overlap)
     prompts = w.prompts
     for p in prompts:
         engine.add_request(p, params)
     t0 = time.perf_counter()
-    steps, tokens, decode_ms = 0, 0, []
+    steps, tokens, forward_ms = 0, 0, 0.0
+    decode: list[Durations] = []
     while engine.has_unfinished():
         result = engine.step()
         steps += 1
         tokens += len(result.deltas)
         tel = result.telemetry
+        forward_ms += tel.dur_ms.forward
         if tel.batch.num_prefill_tokens == 0:
-            decode_ms.append(tel.dur_ms.forward)
+            decode.append(tel.dur_ms)
     wall = time.perf_counter() - t0
+    engine.close()  # stops the compute thread that overlap started
     return {
         "backend": backend,
+        "overlap": overlap,
         "model": w.model,
         "requests": len(prompts),
         "output_tokens": tokens,
         "wall_s": wall,
         "tok_per_s": tokens / wall,
         "steps": steps,
-        "decode_steps": len(decode_ms),
-        "decode_forward_ms": sum(decode_ms) / max(1, len(decode_ms)),
+        "forward_s": forward_ms / 1e3,
+        "forward_share": forward_ms / 1e3 / wall,
+        "decode_steps": len(decode),
+        "decode_forward_ms": mean([d.forward for d in decode]),
+        "decode_host_ms": mean([d.host for d in decode]),
+        "decode_hidden_ms": mean([d.hidden for d in decode]),
     }
 
 
@@ -148,6 +170,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         choices=["triton", "triton-eager", "torch"],
         help="default: all three (triton and torch with --dry-run)",
     )
+    p.add_argument(
+        "--overlap",
+        nargs="*",
+        default=None,
+        choices=["triton", "triton-eager", "torch"],
+        help="backends that also run with overlap on (default: triton, dry run: torch; "
+        "none when given no names)",
+    )
     p.add_argument("--model", default=None, help="default: synthetic:gpu-bench (dry run: tiny)")
     p.add_argument("--dry-run", action="store_true", help="synthetic:tiny on the CPU")
     args = p.parse_args(argv)
@@ -155,17 +185,32 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     backends = args.backends or (
         ["triton", "torch"] if args.dry_run else ["triton", "triton-eager", "torch"]
     )
-    rows = []
-    for backend in backends:
-        rows.append(run(backend, w))
+    overlap = ["torch"] if args.dry_run else ["triton"]
+    if args.overlap is not None:
+        overlap = args.overlap
+    arms = [(b, on) for b in backends for on in (False, True) if not on or b in overlap]
+    rows, failed = [], []
+    for backend, on in arms:
+        name = f"{backend}{' overlap' if on else ''}"
+        # overlap on CUDA is new: a failed arm leaves the others their runs, then fails the step
+        try:
+            rows.append(run(backend, w, on))
+        except Exception:  # noqa: BLE001 - printed, and raised again below as a failed step
+            traceback.print_exc()
+            failed.append(name)
+            continue
         r = rows[-1]
         print(
-            f"engine {backend}: {r['output_tokens']} tokens in {r['wall_s']:.1f} s = "
-            f"{r['tok_per_s']:.0f} tok/s over {r['steps']} steps; decode-only step forward "
-            f"{r['decode_forward_ms']:.2f} ms",
+            f"engine {name}: {r['output_tokens']} tokens in "
+            f"{r['wall_s']:.1f} s = {r['tok_per_s']:.0f} tok/s over {r['steps']} steps, "
+            f"forward {r['forward_share']:.0%} of the wall time; decode-only step forward "
+            f"{r['decode_forward_ms']:.2f} ms, host {r['decode_host_ms']:.2f} ms "
+            f"({r['decode_hidden_ms']:.2f} hidden)",
             flush=True,
         )
         save(args.json, rows)
+    if failed:
+        raise SystemExit(f"engine runs failed: {', '.join(failed)}")
     return rows
 
 

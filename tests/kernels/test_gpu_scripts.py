@@ -48,10 +48,21 @@ def test_dry_run_measures_every_shape_and_backend(tmp_path: Path) -> None:
         ("fine-grained", 16, "prefill"),
     ]
     assert all(r["ms"]["ours"] > 0 and r["rel_err"] < 0.05 for r in rows)
-    assert [(r["backend"], r["model"]) for r in runs] == [
-        ("triton", "synthetic:tiny"),
-        ("torch", "synthetic:tiny"),
+    assert [(r["backend"], r["overlap"], r["model"]) for r in runs] == [
+        ("triton", False, "synthetic:tiny"),
+        ("torch", False, "synthetic:tiny"),
+        ("torch", True, "synthetic:tiny"),
     ]
+    for r in runs:  # 3 tokens for each of 3 requests; one forward pass at a time, in the wall
+        assert r["output_tokens"] == 9 and 0 < r["forward_s"] <= r["wall_s"]
+        assert r["forward_share"] == pytest.approx(r["forward_s"] / r["wall_s"])
+        assert r["decode_steps"] > 0 and r["decode_host_ms"] > 0
+        hidden = r["decode_hidden_ms"]
+        # host work runs beside a forward pass only with overlap, and at most all of it
+        assert 0 <= hidden <= r["decode_host_ms"] if r["overlap"] else hidden == 0
+    table = (tmp_path / "gpu_results.md").read_text()
+    assert "| overlap |" in table and "| forward / wall |" in table and "| hidden ms |" in table
+    assert re.search(r"\| torch \| on \| synthetic:tiny \|.*\| (met|MISSED) \| MISSED \(", table)
     checks = report.main(_args(tmp_path))["targets"]
     targets = ["prefill", "decode", "prefill", "decode", "fine_grained"]
     assert [c["target"] for c in checks] == targets
