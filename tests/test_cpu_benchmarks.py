@@ -9,7 +9,7 @@ import pytest
 from benchmarks.harness.results_md import markers
 from benchmarks.peer import decode_steps, serve_overhead
 from benchmarks.peer import offline as peer_offline
-from benchmarks.peer.runs import OUTPUT_RANGE, PROMPT_RANGE
+from benchmarks.peer.runs import OUTPUT_RANGE, PROMPT_RANGE, REPO
 from benchmarks.speed import forward, gil, threads
 from benchmarks.speed.offline_runners import QUICK_SHAPE, build_checkpoint, make_workload
 
@@ -71,6 +71,25 @@ def test_serve_overhead_quick(tmp_path: Path) -> None:
     s = out["summary"]
     assert s["serve_offline"] == pytest.approx(s["serve"] / s["offline"])
     assert "| 1 | loop |" in _published(results, "serve_overhead_serve_bf16_t1")
+
+
+@pytest.mark.slow
+def test_serve_overhead_before_and_overlap_quick(tmp_path: Path) -> None:
+    """--before runs a checkout's own offline.py and `moescope serve` (here this one, from
+    its own directory), --overlap adds both arms with overlapped steps."""
+    model = build_checkpoint(tmp_path / "model", PEER_SHAPE, 0)
+    results = tmp_path / "RESULTS.md"
+    argv = ["--quick", "--model", str(model), "--threads", "1", "--results", str(results)]
+    out = serve_overhead.main([*argv, "--before", str(REPO), "--overlap"])
+    arms = serve_overhead.BEFORE_ARMS + serve_overhead.OVERLAP_ARMS
+    assert [r.engine for r in out["runs"]] == list(arms)
+    wl = make_workload(16, 0, PEER_SHAPE.vocab, PROMPT_RANGE, OUTPUT_RANGE)
+    assert all(r.tokens == wl.num_output_tokens and r.extra["steps"] > 0 for r in out["runs"])
+    s = out["summary"]
+    assert s["serve_before"] == pytest.approx(s["serve"] / s["before serve"])
+    assert s["overlap_offline"] == pytest.approx(s["offline overlap"] / s["offline"])
+    text = _published(results, "serve_overhead_serve_bf16_t1")
+    assert "| 1 | before serve |" in text and "this checkout / --before's" in text
 
 
 @pytest.mark.slow

@@ -38,6 +38,7 @@ from benchmarks.peer.runs import (
     OursContext,
     Run,
     Server,
+    add_quiet_argument,
     cached_checkpoint,
     kv_blocks,
     llama,
@@ -88,7 +89,8 @@ def agreement(ctx: Context, precision: str, wl: Workload) -> list[dict[str, Any]
     (llama-server with `-fa off` and the KV cache at the run's precision); below f32, also
     how many each shares with moescope at f32."""
     prompts = wl.prompts[:AGREE_PROMPTS]
-    with llama(ctx.bins, ctx.gguf[precision], LlamaSetting(4), ctx.slot_ctx, precision) as s:
+    gguf, setting = ctx.gguf[precision], LlamaSetting(4)
+    with llama(ctx.bins, gguf, setting, ctx.slot_ctx, precision, ctx.quiet_s) as s:
         theirs = llama_tokens(s, prompts, AGREE_TOKENS)
     ours = moescope_tokens(ctx.model, DTYPES[precision], prompts, AGREE_TOKENS)
     ref = (
@@ -111,13 +113,12 @@ def agreement(ctx: Context, precision: str, wl: Workload) -> list[dict[str, Any]
 # ---------------------------------------------------------------- sweep and rounds
 
 
-def sweep(
-    ctx: Context, precision: str, wl: Workload, quick: bool
-) -> tuple[LlamaSetting, list[Run]]:
+def sweep(ctx: Context, precision: str, wl: Workload, skip: bool) -> tuple[LlamaSetting, list[Run]]:
     """llama.cpp's best setting by coordinate search (slots, then threads, then micro-batch,
-    then flash attention; each stage keeps the fastest on `wl`) and every tried setting's run."""
+    then flash attention; each stage keeps the fastest on `wl`) and every tried setting's run;
+    `skip`: `-np 16` and the defaults (the f32 sweep's best on this workload), untried."""
     best, tried = LlamaSetting(min(16, len(wl)), ctx.threads), list[Run]()
-    if quick:
+    if skip:
         return best, tried
     scores: dict[LlamaSetting, float] = {}
 
@@ -187,6 +188,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2, help="threads of each server")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="16 requests, 1 round, no sweep")
+    p.add_argument(
+        "--no-sweep",
+        action="store_true",
+        help="time llama.cpp at -np 16 -ub 512 -fa off (the f32 sweep's best) untried",
+    )
+    add_quiet_argument(p)
     add_results_arguments(p)
     args = p.parse_args(argv)
     if args.quick:
@@ -203,7 +210,9 @@ def prepare(args: argparse.Namespace, precisions: list[str], wl: Workload) -> Co
     gguf = {p: peer_build.convert(src, model, shape.vocab, p) for p in precisions}
     longest = max(len(p) + n for p, n in zip(wl.prompts, wl.max_tokens, strict=True))
     slot_ctx = -(-longest // 256) * 256
-    ours = OursContext(shape, model, kv_blocks(wl), args.threads, len(wl), args.seed)
+    ours = OursContext(
+        shape, model, kv_blocks(wl), args.threads, len(wl), args.seed, args.quiet_wait
+    )
     return Context(**vars(ours), source=src, bins=bins, gguf=gguf, slot_ctx=slot_ctx)
 
 
@@ -211,7 +220,7 @@ def measure(ctx: Context, precision: str, wl: Workload, args: argparse.Namespace
     """One precision: agreement, sweep, the alternating rounds and their medians."""
     started = time.perf_counter()
     agree = agreement(ctx, precision, wl)
-    best, tried = sweep(ctx, precision, wl, args.quick)
+    best, tried = sweep(ctx, precision, wl, args.quick or args.no_sweep)
     progress(f"{precision}: llama.cpp best setting {best}")
     runs = rounds(ctx, precision, best, wl, args.repeats)
     return {

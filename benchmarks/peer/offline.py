@@ -35,12 +35,14 @@ def main(argv: list[str]) -> dict[str, float]:
     p.add_argument("--requests", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--via", choices=["steps", "loop"], default="steps")
+    p.add_argument("--overlap", action="store_true", help="the engine's overlapped steps")
     args = p.parse_args(argv)
     flags = dict(
         dtype=args.dtype,
         max_num_seqs=args.max_num_seqs,
         num_kv_blocks=args.kv_blocks,
         threads=args.threads,
+        overlap=args.overlap,
     )
     if args.via == "loop":
         return through_loop(build_loop(args.model, **flags), args)

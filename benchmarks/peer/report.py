@@ -10,7 +10,7 @@ from benchmarks.harness import machine
 from benchmarks.harness.results_md import header
 from benchmarks.harness.targets import Target
 from benchmarks.peer import build as peer_build
-from benchmarks.peer.runs import QUIET_CORES, QUIET_WAIT_S, moescope_args
+from benchmarks.peer.runs import QUIET_CORES, moescope_args
 
 if TYPE_CHECKING:
     from benchmarks.peer.runs import Context, Run
@@ -97,7 +97,7 @@ def setup(args: argparse.Namespace, ctx: Context, wl: Workload) -> list[str]:
         "added at once, stepped until done, after the same warm-up); its CPU s is that "
         "process's over the run. The cores are "
         "shared with other workers, so each server starts only once other processes have used "
-        f"under {QUIET_CORES} cores for 2 s (or after {QUIET_WAIT_S / 60:.0f} min of waiting); "
+        f"under {QUIET_CORES} cores for 2 s (or after {ctx.quiet_s:.0f} s of waiting); "
         "others' CPU s is the CPU time every other process took during the run (the "
         "machine's busy time from /proc/stat ticks less the server's and the client's own "
         "times, so good to a few CPU seconds; a negative difference shows as 0): runs with "

@@ -7,9 +7,11 @@ checkpoint and the contexts the runs share. `llamacpp.py` and `serve_overhead.py
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -40,9 +42,27 @@ PROMPT_RANGE, OUTPUT_RANGE = (16, 512), (8, 245)
 DTYPES = {"f32": "float32", "bf16": "bfloat16"}
 SERVED_NAME = "peer"
 RUN_LIMIT_S = 900  # a run this long means the machine is swamped: stop rather than wait
-# Before each run, wait (at most QUIET_WAIT_S) until other processes use less than QUIET_CORES:
-# llama.cpp's spinning thread barriers slow down many times over on oversubscribed cores.
+# Before each run, wait (at most QUIET_WAIT_S, or --quiet-wait) until other processes use less
+# than QUIET_CORES: llama.cpp's spinning thread barriers slow down many times over on
+# oversubscribed cores.
 QUIET_CORES, QUIET_WAIT_S = 0.2, 600
+
+
+def add_quiet_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=QUIET_WAIT_S,
+        metavar="S",
+        help="longest wait for other processes to quiet down before each run (0: none; "
+        "lower it where other work keeps the cores busy)",
+    )
+
+
+def tree_env(tree: Path) -> dict[str, str]:
+    """The environment that makes a subprocess import the project from `tree` (another
+    checkout, say a git worktree of an older commit) rather than the installed one."""
+    return {**os.environ, "PYTHONPATH": str(tree)}
 
 
 def progress(message: str) -> None:
@@ -99,16 +119,16 @@ def busy_cpu() -> float:
     return t.user + t.system + sum(getattr(t, f, 0.0) for f in ("nice", "irq", "softirq"))
 
 
-def wait_quiet(window_s: float = 2.0) -> float:
+def wait_quiet(limit_s: float = QUIET_WAIT_S, window_s: float = 2.0) -> float:
     """Wait until the machine's busy CPU over `window_s` falls below QUIET_CORES (this process
-    is idle meanwhile) or QUIET_WAIT_S passes; returns the seconds waited."""
+    is idle meanwhile) or `limit_s` passes; returns the seconds waited."""
     started = time.monotonic()
     while True:
         busy0 = busy_cpu()
         time.sleep(window_s)
         cores = (busy_cpu() - busy0) / window_s
         waited = time.monotonic() - started
-        if cores < QUIET_CORES or waited > QUIET_WAIT_S:
+        if cores < QUIET_CORES or waited > limit_s:
             if waited > 1.5 * window_s:
                 progress(f"waited {waited:.0f} s for other processes to quiet down")
             return waited
@@ -118,28 +138,30 @@ def wait_quiet(window_s: float = 2.0) -> float:
 
 @contextlib.contextmanager
 def serving(
-    engine: str, cmd: list[str], health: str, log: Path, quiet: bool = True
+    engine: str, cmd: list[str], health: str, log: Path, quiet_s: float, tree: Path = REPO
 ) -> Iterator[Server]:
-    """`cmd` (which takes the port from `{port}`) started, once the machine is `quiet`
-    (`wait_quiet`) if asked, healthy, and stopped after."""
-    if quiet:
-        wait_quiet()
+    """`cmd` (which takes the port from `{port}`) started in `tree`, once the machine is quiet
+    (`wait_quiet`, at most `quiet_s`; 0: no wait), healthy, and stopped after."""
+    if quiet_s > 0:
+        wait_quiet(quiet_s)
     port = free_port()
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
         argv = [c.replace("{port}", str(port)) for c in cmd]
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+        env = tree_env(tree)
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=tree, env=env)
     server = Server(engine, proc, f"http://127.0.0.1:{port}")
     with healthy(proc, server.url, health, 180, lambda: f"{engine}: see {log}"):
         yield server
 
 
 def llama(
-    bins: Path, gguf: Path, setting: LlamaSetting, slot_ctx: int, kv: str
+    bins: Path, gguf: Path, setting: LlamaSetting, slot_ctx: int, kv: str, quiet_s: float
 ) -> contextlib.AbstractContextManager[Server]:
     cmd = [str(bins / "llama-server"), "-m", str(gguf), "--host", "127.0.0.1", "--port", "{port}"]
     cmd += setting.args(slot_ctx, kv)
-    return serving("llama.cpp", cmd, "/health", peer_build.CACHE / "logs" / "llama-server.log")
+    log = peer_build.CACHE / "logs" / "llama-server.log"
+    return serving("llama.cpp", cmd, "/health", log, quiet_s)
 
 
 def moescope_args(dtype: str, kv_blocks: int, threads: int) -> list[str]:
@@ -152,11 +174,13 @@ def moescope_args(dtype: str, kv_blocks: int, threads: int) -> list[str]:
 
 
 def moescope(
-    model: Path, args: list[str], quiet: bool = True
+    model: Path, args: list[str], quiet_s: float, tree: Path = REPO
 ) -> contextlib.AbstractContextManager[Server]:
-    cmd = [sys.executable, "-m", "cli.main", "serve", "--model", str(model), "--port", "{port}"]
+    """`moescope serve` of the project in `tree` (this checkout by default)."""
+    cmd = [sys.executable, "-m", "cli.main", "serve", "--model", str(model.resolve())]
+    cmd += ["--port", "{port}"]
     log = peer_build.CACHE / "logs" / "moescope-serve.log"
-    return serving("moescope", cmd + args, "/api/status", log, quiet)
+    return serving("moescope", cmd + args, "/api/status", log, quiet_s, tree)
 
 
 # ---------------------------------------------------------------- the client
@@ -250,8 +274,9 @@ def _engine_loop(server: Server) -> dict[str, Any]:
 
 @dataclass
 class OursContext:
-    """What moescope's runs need: the checkpoint (of `shape`), its KV blocks, the threads and
-    the workload's size and seed."""
+    """What moescope's runs need: the checkpoint (of `shape`), its KV blocks, the threads,
+    the workload's size and seed, the longest wait for quiet before each run and the
+    checkout whose engine runs."""
 
     shape: Shape
     model: Path
@@ -259,7 +284,8 @@ class OursContext:
     threads: int
     requests: int
     seed: int
-    quiet: bool = True  # wait for other processes to quiet down before each run
+    quiet_s: float = QUIET_WAIT_S  # 0: start each run at once
+    tree: Path = REPO
 
 
 @dataclass(kw_only=True)
@@ -291,27 +317,32 @@ def checkpoint_name(shape: Shape, seed: int) -> str:
 
 
 def llama_run(ctx: Context, precision: str, setting: LlamaSetting, wl: Workload) -> Run:
-    with llama(ctx.bins, ctx.gguf[precision], setting, ctx.slot_ctx, precision) as server:
+    gguf = ctx.gguf[precision]
+    with llama(ctx.bins, gguf, setting, ctx.slot_ctx, precision, ctx.quiet_s) as server:
         return timed_run(server, wl, str(setting))
 
 
-def moescope_run(ctx: OursContext, precision: str, wl: Workload) -> Run:
-    args = moescope_args(DTYPES[precision], ctx.kv_blocks, ctx.threads)
-    with moescope(ctx.model, args, ctx.quiet) as server:
+def moescope_run(
+    ctx: OursContext, precision: str, wl: Workload, extra: tuple[str, ...] = ()
+) -> Run:
+    """The workload against `moescope serve` (with `extra` flags) of `ctx.tree`."""
+    args = [*moescope_args(DTYPES[precision], ctx.kv_blocks, ctx.threads), *extra]
+    with moescope(ctx.model, args, ctx.quiet_s, ctx.tree) as server:
         return timed_run(server, wl, " ".join(args))
 
 
-def offline_run(ctx: OursContext, precision: str, via: str = "steps") -> Run:
+def offline_run(ctx: OursContext, precision: str, via: str = "steps", overlap: bool = False) -> Run:
     """The workload through the engine `moescope serve` runs, with its flags, in process
-    (`offline.py`, a fresh process like each server's), stepped on the main thread or,
-    `via="loop"`, by an engine loop on its own thread."""
-    if ctx.quiet:
-        wait_quiet()
+    (`offline.py` of `ctx.tree`, a fresh process like each server's), stepped on the main
+    thread or, `via="loop"`, by an engine loop on its own thread."""
+    if ctx.quiet_s > 0:
+        wait_quiet(ctx.quiet_s)
     cmd = [sys.executable, "-m", "benchmarks.peer.offline", str(ctx.model.resolve())]
     cmd += [*("--dtype", DTYPES[precision], "--threads", str(ctx.threads))]
     cmd += [*("--kv-blocks", str(ctx.kv_blocks), "--requests", str(ctx.requests))]
-    cmd += ["--seed", str(ctx.seed), "--via", via]
-    done = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO)
+    cmd += ["--seed", str(ctx.seed), "--via", via, *(["--overlap"] if overlap else [])]
+    env = tree_env(ctx.tree)
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ctx.tree, env=env)
     out = json.loads(done.stdout)
     run = Run(
         "moescope offline",
