@@ -4,14 +4,17 @@ What it measures. For each of three load shapes (uniform lengths; long-tailed lo
 lengths; bursts with long prompts) the arrivals are drawn once (seeded) and sent over HTTP
 (`cli/loadgen.py`, as `moescope load --trace` sends a trace) to a fresh `moescope serve`
 (`synthetic:small`, one torch thread) that records them: twice, into two sessions of the
-same engine. The twin is the pooled twin of those two recordings
-(`tuning.twin.whatif.twin_from_recordings`); it predicts each of the shape's settings as a
-median and an 80% band over its simulations (`tuning.twin.bands`), with the share of them
-in which the queue builds. The ground truth is the median of three replays of the same
-arrivals over HTTP to one server (not recording) under each setting, PATCHed before each
-replay, measured by the load generator as a user measures it; the rounds start at a
-different setting, so that drift falls evenly on all. The defaults' three replays give
-the A/A floor per metric: their spread (max - min) over their median.
+same engine, one before the replays and one after them. The twin is the pooled twin of
+those two recordings (`tuning.twin.whatif.twin_from_recordings`); it predicts each of the
+shape's settings as a median and an 80% band over its simulations (`tuning.twin.bands`),
+with the share of them in which the queue builds. The ground truth is the median of three
+replays of the same arrivals over HTTP to one server (not recording) under each setting,
+PATCHed before each replay, measured by the load generator as a user measures it; the
+rounds start at a different setting, so that drift falls evenly on all, after the server
+warmed up on the first WARMUP_S of the arrivals (a user's server has run before: a fresh
+one's first step took 0.8-3 s, and the queue it left was all the first replay measured).
+The defaults' three replays give the A/A floor per metric: their spread (max - min) over
+their median.
 
 Reported, per shape and setting and metric: the band against the measured median (covered
 or not), the point error against max(A/A, 15%), the ranking of the setting pairs whose
@@ -72,6 +75,7 @@ TARGETS = {
 }
 STATUS_POLL_S = 0.25
 RECORDINGS = 2  # sessions of the defaults the twin pools
+WARMUP_S = 3.0  # of the arrivals sent to the replay server, unmeasured, before its replays
 
 
 @dataclass(frozen=True)
@@ -224,12 +228,14 @@ def serving(args: argparse.Namespace, db: str) -> Iterator[tuple[str, httpx.Clie
         yield url, client
 
 
-def recordings(args: argparse.Namespace, cache: Cache, arrivals: list[Arrival]) -> list[str]:
-    """RECORDINGS sessions of `arrivals` under the defaults, each on a fresh recording server
+def recordings(
+    args: argparse.Namespace, cache: Cache, arrivals: list[Arrival], count: int
+) -> list[str]:
+    """`count` sessions of `arrivals` under the defaults, each on a fresh recording server
     (its run is one session) into the cache's database; their ids."""
     db = f"sqlite:///{cache.root / 'recorded.db'}"
     ids: list[str] = cache.get("recordings") or []
-    while len(ids) < RECORDINGS:
+    while len(ids) < count:
         with serving(args, db) as (url, client):
             load(url, arrivals, args.seed + len(ids))
             wait_idle(client, len(arrivals))
@@ -237,6 +243,15 @@ def recordings(args: argparse.Namespace, cache: Cache, arrivals: list[Arrival]) 
         cache.put("recordings", ids)
         say(f"  recorded session {ids[-1]}")
     return ids
+
+
+def recorded_sessions(cache: Cache, ids: list[str]) -> list[Any]:
+    """The recordings `ids` as `storage.queries.recording` reads them."""
+    store = Store(f"sqlite:///{cache.root / 'recorded.db'}")
+    try:
+        return [q.recording(store, sid) for sid in ids]
+    finally:
+        store.close()
 
 
 def replays(
@@ -258,6 +273,10 @@ def replays(
     if todo:
         db = f"sqlite:///{cache.root / 'replays.db'}"  # the server records; nothing reads it
         with serving(args, db) as (url, client):
+            # a fresh server's first steps run 10-100x slower (allocations, thread pools):
+            # unwarmed, the first replay (the defaults') measured that, not the settings
+            load(url, [a for a in arrivals if a.t < WARMUP_S], args.seed + 99)
+            wait_idle(client)
             for n, (r, name, key) in enumerate(todo, 1):
                 client.patch(
                     "/api/knobs", json=knobs[name], params={"origin": "twin-accuracy"}
@@ -361,13 +380,11 @@ def run_shape(args: argparse.Namespace, shape: Shape) -> dict[str, Any]:
     cache = Cache(args.cache / _slug(shape.name))
     arrivals = arrivals_of(shape, args.duration, args.seed)
     say(f"shape {shape.name}: {len(arrivals)} requests over {args.duration:g} s")
-    ids = recordings(args, cache, arrivals)
-    store = Store(f"sqlite:///{cache.root / 'recorded.db'}")
-    try:
-        recorded = [q.recording(store, sid) for sid in ids]
-        peak = max(s["kv"]["used"] for _, steps, _ in recorded for s in steps)
-    finally:
-        store.close()
+    # one recording before the replays and the rest after: the machine's other work comes
+    # and goes, and the twin, pooled from both, is fitted over the replays' own span of time
+    first = recordings(args, cache, arrivals, 1)[:1]
+    recorded = recorded_sessions(cache, first)
+    peak = max(s["kv"]["used"] for _, steps, _ in recorded for s in steps)
     block_size = recorded[0][0]["config"]["engine_config"]["cache"]["block_size"]
     max_len = recorded[0][0]["config"]["model_config"]["max_model_len"]
     need = blocks_needed(trace_of(recorded[0][2]), block_size, max_len)
@@ -378,8 +395,10 @@ def run_shape(args: argparse.Namespace, shape: Shape) -> dict[str, Any]:
         name: Knobs(**{**recorded[0][0]["knobs"], **c}).model_dump() for name, c in changes.items()
     }
     runs = replays(args, cache, arrivals, knobs)
+    ids = recordings(args, cache, arrivals, RECORDINGS)
     if args.measure_only:
         return {}
+    recorded = recorded_sessions(cache, ids)
     start = time.perf_counter()
     twin = twin_from_recordings(recorded)
     build_s = time.perf_counter() - start

@@ -28,11 +28,14 @@ class Cost:
     ) -> None:
         self.base, self.per_prefill, self.per_decode, self.gap = base, per_prefill, per_decode, gap
 
-    def step_ms(self, x: np.ndarray) -> float:
+    def step_ms(self, x: np.ndarray, step: int = 0) -> float:
         return self.base + self.per_prefill * x[1] + self.per_decode * x[4]
 
-    def period_ms(self, x: np.ndarray) -> float:
+    def period_ms(self, x: np.ndarray, step: int = 0) -> float:
         return self.step_ms(x) + self.gap
+
+    def periods_ms(self, xs: np.ndarray, first: int = 0) -> np.ndarray:
+        return self.base + self.per_prefill * xs[:, 1] + self.per_decode * xs[:, 4] + self.gap
 
     def outside(self, x: np.ndarray) -> list[str]:
         return []

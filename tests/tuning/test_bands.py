@@ -9,14 +9,18 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_cost_model import fake_session
+from test_cost_model import TRUE_OVERHEAD, TRUE_STEP, _cost, fake_session
 from test_whatif import CONFIG
 
 from engine.errors import InvalidInput
 from engine.knobs import Knobs
-from tuning.twin.bands import DRAWS, band, saturation
-from tuning.twin.cost_model import Residuals, fit, fit_pooled
+from engine.telemetry import RequestRecord
+from tuning.twin.bands import DRAWS, band, builds, saturation
+from tuning.twin.cost_model import SEGMENTS, Residuals, fit, fit_pooled
+from tuning.twin.features import FEATURES, recorded_features
 from tuning.twin.outcome import METRICS
+from tuning.twin.simulator import Cut, SimResult
+from tuning.twin.trace import TraceItem
 from tuning.twin.whatif import Twin, twin_from_recording, twin_from_recordings
 
 SESSION = {"config": CONFIG, "knobs": Knobs().model_dump()}
@@ -101,9 +105,22 @@ def test_a_pooled_fit_carries_the_run_to_run_variation() -> None:
     # one run fitted: its stretches all ran alike (the synthetic steps cost what they cost)
     assert np.ptp(alone.residuals.runs) < 0.05
     pooled = fit_pooled([(steps, {}), (slower(steps, 1.3), {})])
-    low, high = sorted(pooled.residuals.runs)
-    assert high / low > 1.2  # the slower run's steps took 1.3x
+    fast, slow = np.split(pooled.residuals.runs, 2)  # each run's SEGMENTS stretches
+    assert len(fast) == SEGMENTS and slow.min() / fast.max() > 1.2  # the slower run took 1.3x
     assert pooled.num_steps == 2 * alone.num_steps
+
+
+def test_one_run_carries_the_variation_between_its_stretches() -> None:
+    """A session whose second half ran 1.5x slower (other work on the machine): its stretches'
+    factors differ by that, and a what-if's band widens with them."""
+    steps = fake_session(300)
+    half = len(steps) // 2
+    uneven = steps[:half] + slower(steps[half - 1 :], 1.5)[1:]
+    even, varied = fit(steps, {}), fit(uneven, {})
+    assert np.ptp(varied.residuals.runs) > 0.3 > np.ptp(even.residuals.runs)
+    base = twin()
+    sides = [replace(base, model=m).predict({}) for m in (even, varied)]
+    assert width(sides[1], "tpot_p50_ms") > 2 * width(sides[0], "tpot_p50_ms")
 
 
 def test_sessions_of_one_engine_pool_and_of_another_are_refused() -> None:
@@ -117,3 +134,72 @@ def test_sessions_of_one_engine_pool_and_of_another_are_refused() -> None:
     with pytest.raises(InvalidInput, match="different engines") as refused:
         twin_from_recordings([first, ({**SESSION, "config": config}, steps, records(5.0, 1.0))])
     assert refused.value.param == "source"
+
+
+def ended(arrival: float, wait_ms: float, tpot_ms: float = 5.0, output: int = 11) -> RequestRecord:
+    """A request that arrived at `arrival` s, waited `wait_ms` for its first token and then
+    took `tpot_ms` a token."""
+    e2e = wait_ms + tpot_ms * (output - 1)
+    return RequestRecord(
+        req=f"r{arrival}",
+        arrival=arrival,
+        finished_t=arrival + e2e / 1000,
+        prompt_len=16,
+        output_len=output,
+        max_tokens=output,
+        ttft_ms=wait_ms,
+        finish_reason="length",
+        preemptions=0,
+        e2e_ms=e2e,
+    )
+
+
+def test_the_queue_builds_when_later_arrivals_wait_longer_not_when_all_wait_long() -> None:
+    """Arrivals over 9 s: a wait that grows from 20 ms to 400 ms is a queue building; 400 ms
+    from the start is a long wait, not a queue that builds; 2 ms to 30 ms is within 10 steps
+    of 5 ms (cut off at a horizon, the unfinished count as far as they got)."""
+    items = [TraceItem(t / 10, 16, 11) for t in range(90)]
+
+    def result(waits: list[float], cut_after: int | None = None) -> SimResult:
+        done = [ended(t.offset_s, w) for t, w in zip(items, waits, strict=True)]
+        end_s = 9.5
+        cut = [Cut(None, None, 1000 * (end_s - r.arrival)) for r in done[cut_after or len(done) :]]
+        out = SimResult(done[: cut_after or len(done)], [], len(cut), 0, 0, 0, 0, 0, 0)
+        out.end_s, out.cut = end_s, cut
+        return out
+
+    rising = [20 + 380 * i / 89 for i in range(90)]
+    assert builds(result(rising), items)
+    assert not builds(result([400.0] * 90), items)
+    assert not builds(result([2 + 28 * i / 89 for i in range(90)]), items)  # 4x, 20 ms
+    # the last third never got its first token: it waited 0.5 s and more when cut off
+    assert builds(result([20.0] * 90, cut_after=60), items)
+
+
+def decode_only(steps: list[dict[str, Any]], factor: float) -> list[dict[str, Any]]:
+    """`steps` without their prefills, each `factor` times the true cost (a busy machine)."""
+    out, t = [], steps[0]["t"]
+    for step in steps:
+        slots = [s for s in step["batch"]["slots"] if s["phase"] == "decode"]
+        batch = {"slots": slots, "num_prefill_tokens": 0, "num_decode_tokens": len(slots)}
+        x = recorded_features({**step, "batch": batch}, None)
+        total = factor * _cost(TRUE_STEP, x)
+        t += (total + factor * _cost(TRUE_OVERHEAD, x)) / 1000
+        moe = factor * 0.5 * x[FEATURES.index("expert_pairs_k")]
+        out.append({**step, "t": t, "batch": batch, "dur_ms": {"total": total, "moe": moe}})
+    return out
+
+
+def test_a_slower_session_scales_the_pooled_fit_without_bending_it() -> None:
+    """Pooled with a session of other steps (decodes only) that ran 3x slower throughout, the
+    fit keeps the true costs' proportions, at one speed between the two sessions', and its
+    stretches carry the 3x. Fitted as they came, the slow decodes took the fast prefills'
+    share of the cost."""
+    steps = fake_session(300)
+    pooled = fit_pooled([(steps, {}), (decode_only(steps, 3.0), {})])
+    true = np.array([TRUE_STEP.get(name, 0.0) for name in FEATURES])
+    scale = pooled.step_w[0] / true[0]
+    assert 1.0 <= scale <= 3.0
+    np.testing.assert_allclose(pooled.step_w, scale * true, rtol=0.1, atol=0.005)
+    fast, slow = np.split(pooled.residuals.runs, 2)
+    assert slow.min() / fast.max() == pytest.approx(3.0, rel=0.05)

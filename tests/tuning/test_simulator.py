@@ -43,18 +43,19 @@ KNOB_SETS = [
 
 
 class RecordedCost:
-    """Each simulated step costs what the engine's step at the same index took."""
+    """Each simulated step costs what the engine's step of the same number took."""
 
     def __init__(self, durations_ms: list[float]) -> None:
         self.durations = durations_ms
-        self.index = 0
 
-    def step_ms(self, x: np.ndarray) -> float:
-        return self.durations[self.index]
+    def step_ms(self, x: np.ndarray, step: int) -> float:
+        return self.durations[step]
 
-    def period_ms(self, x: np.ndarray) -> float:
-        self.index += 1
-        return self.durations[self.index - 1]
+    def period_ms(self, x: np.ndarray, step: int) -> float:
+        return self.durations[step]
+
+    def periods_ms(self, xs: np.ndarray, first: int) -> np.ndarray:
+        return np.array(self.durations[first : first + len(xs)])
 
     def outside(self, x: np.ndarray) -> list[str]:
         return []

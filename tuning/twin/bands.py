@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 import stats
-from tuning.twin.cost_model import NO_RESIDUALS, CostModel, Residuals
+from tuning.twin.cost_model import NO_RESIDUALS, CostModel, Residuals, shape_keys
 from tuning.twin.experts import ExpertDraw
 from tuning.twin.simulator import SimResult, StepCost
 from tuning.twin.trace import TraceItem
@@ -34,37 +34,59 @@ from tuning.twin.trace import TraceItem
 DRAWS = 10  # simulations per what-if (the nominal one and DRAWS - 1 drawn)
 BAND = (10.0, 90.0)  # percentiles of the draws: an 80% band
 JITTER_S = 0.02  # an arrival lands up to this much earlier or later
-GROWTH_SHARE = 0.15  # the queue builds: it grew by this share of the arrivals between marks
-MIN_GROWTH = 3  # ... and by at least this many requests
+STRETCHES = 3  # the arrivals' span cut in these, to see whether the queue's wait grows
+RISE = 3.0  # the queue builds: a later stretch's median wait is this many times the first's
+RISE_STEPS = 10  # ... and longer by at least this many steps
 SATURATED = 0.5  # flagged "the queue builds": in at least this share of the draws
-UNIFORM_BLOCK = 4096
+UNIFORM_BLOCK = 4096  # uniforms drawn at a time, as the steps reach them
 
 
 class NoisyCost:
     """A model's step costs times one run factor and, per step, a held-out error of the
-    step's shape, drawn by `rng` from `residuals` (a StepCost for the simulator)."""
+    step's shape, drawn by `rng` from `residuals` (a StepCost for the simulator). A step's
+    error is drawn with the step's number (the simulation's n-th step draws the n-th
+    uniform), so that costing steps one by one or several together gives the same."""
 
     def __init__(self, model: StepCost, residuals: Residuals, rng: np.random.Generator) -> None:
         self.model = model
         self.residuals = residuals
         self.rng = rng
         self.factor = float(rng.choice(residuals.runs))
-        self.last = 1.0  # the ratio drawn for the step being costed
-        self.uniform: list[float] = []  # drawn a block at a time: one draw a call cost 9% of a run
+        self.uniform = rng.random(UNIFORM_BLOCK)
 
-    def step_ms(self, x: np.ndarray) -> float:
-        return self.model.step_ms(x) * self.factor * self.last
+    def step_ms(self, x: np.ndarray, step: int) -> float:
+        return self.model.step_ms(x, step) * self.factor * self._ratio(x, step)
 
-    def period_ms(self, x: np.ndarray) -> float:
-        # the simulator asks for the period first, then (keeping steps) the step time
-        if not self.uniform:
-            self.uniform = self.rng.random(UNIFORM_BLOCK).tolist()
-        pool = self.residuals.pool(x)
-        self.last = float(pool[int(self.uniform.pop() * len(pool))])
-        return self.model.period_ms(x) * self.factor * self.last
+    def period_ms(self, x: np.ndarray, step: int) -> float:
+        return self.model.period_ms(x, step) * self.factor * self._ratio(x, step)
+
+    def periods_ms(self, xs: np.ndarray, first: int) -> np.ndarray:
+        return self.model.periods_ms(xs, first) * self.factor * self._ratios(xs, first)
 
     def outside(self, x: np.ndarray) -> list[str]:
         return self.model.outside(x)
+
+    def _ratio(self, x: np.ndarray, step: int) -> float:
+        """The held-out error drawn for step `step` of FEATURES `x` (as `_ratios` draws it)."""
+        self._draw_to(step + 1)
+        pool = self.residuals.pool(x)
+        return float(pool[int(self.uniform[step] * len(pool))])
+
+    def _ratios(self, xs: np.ndarray, first: int) -> np.ndarray:
+        """The held-out errors drawn for steps `first`, `first` + 1, ... of rows `xs`."""
+        self._draw_to(first + len(xs))
+        picks = self.uniform[first : first + len(xs)]
+        keys, rows = shape_keys(xs)
+        out = np.empty(len(xs))
+        for key, at in zip(keys, rows, strict=True):
+            pool = self.residuals.by_shape.get(key, self.residuals.overall)
+            out[at] = pool[(picks[at] * len(pool)).astype(np.int64)]
+        return out
+
+    def _draw_to(self, steps: int) -> None:
+        """Uniforms for the first `steps` steps at least."""
+        while steps > len(self.uniform):
+            self.uniform = np.concatenate([self.uniform, self.rng.random(UNIFORM_BLOCK)])
 
 
 def jittered(trace: list[TraceItem], rng: random.Random) -> list[TraceItem]:
@@ -110,14 +132,36 @@ def restart(experts: ExpertDraw, seed: int | None) -> None:
 
 
 def builds(result: SimResult, trace: list[TraceItem]) -> bool:
-    """Whether the queue grew over the horizon: the requests waiting (or swapped) at the end of
-    the arrivals' span exceed those at its middle by GROWTH_SHARE of the arrivals in between
-    (at least MIN_GROWTH): arrivals outrun what the engine completes."""
-    if len(result.queued_at) < 2:
+    """Whether the queue built over the horizon: the requests arriving in a later stretch of
+    the arrivals' span (STRETCHES of them) waited for their first token (or so far, when cut
+    off) at the median at least RISE times as long as those of the first, which met an
+    empty engine, and by at least RISE_STEPS steps (the median TPOT). A queue that grows
+    with the arrivals, not a wait that is long from the start; a measured TTFT p90 at least
+    3x an unsaturated setting's (benchmarks/control/twin_accuracy.py) comes with it."""
+    span = max((t.offset_s for t in trace), default=0.0)
+    if result.end_s < span:
+        span = result.end_s  # a horizon cut the arrivals short
+    if span <= 0:
         return False
-    (mid_t, mid), (end_t, end) = result.queued_at[0], result.queued_at[-1]
-    arrived = sum(mid_t < t.offset_s <= end_t for t in trace)
-    return end - mid >= max(MIN_GROWTH, GROWTH_SHARE * arrived)
+    waits: list[list[float]] = [[] for _ in range(STRETCHES)]
+    tpots = []
+    for r in result.records:
+        if r.ttft_ms is not None and r.arrival <= span:
+            waits[min(STRETCHES - 1, int(STRETCHES * r.arrival / span))].append(r.ttft_ms)
+        if r.output_len > 1 and r.ttft_ms is not None:
+            tpots.append(stats.tpot_span(r.ttft_ms, r.e2e_ms, r.output_len))
+    for c in result.cut:
+        arrival = result.end_s - c.waited_ms / 1000
+        wait = c.waited_ms if c.ttft_ms is None else c.ttft_ms
+        if arrival <= span:
+            waits[min(STRETCHES - 1, max(0, int(STRETCHES * arrival / span)))].append(wait)
+    known = [t for t in tpots if t is not None]
+    if not waits[0] or not any(waits[1:]):
+        return False
+    first = float(np.median(waits[0]))
+    later = max(float(np.median(w)) for w in waits[1:] if w)
+    step = float(np.median(known)) if known else 0.0
+    return later >= RISE * first and later - first >= RISE_STEPS * step
 
 
 def band(values: Sequence[float | None]) -> tuple[float | None, list[float | None]]:

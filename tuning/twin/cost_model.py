@@ -32,7 +32,8 @@ REACH = 2.0  # how far past the largest value seen a step may lie and still be p
 SHAPE = ("prefill_tokens", "prefill_attn_k", "decode_seqs", "decode_ctx_k", "expert_pairs_k")
 SHAPE_AT = tuple(FEATURES.index(name) for name in SHAPE)
 _SHAPE_INDEX = np.array(SHAPE_AT)  # to index arrays with; a tuple iterates faster (fit_rows)
-SEGMENTS = 4  # one run's steps, cut in this many stretches of time, stand in for several runs
+SPEED_PASSES = 4  # fits alternating with the stretches' speeds (`_speeds`)
+SEGMENTS = 4  # each run's steps, cut in this many stretches of time: its speed varies
 MIN_POOL = 8  # held-out steps of a shape needed to draw its costs from them alone
 
 
@@ -41,13 +42,25 @@ def shape_key(x: np.ndarray) -> tuple[int, ...]:
     return tuple(int(math.log2(1.0 + x[i])) for i in SHAPE_AT)
 
 
+def shape_keys(xs: np.ndarray) -> tuple[list[tuple[int, ...]], list[np.ndarray]]:
+    """The distinct `shape_key`s of the rows of `xs`, and the rows that have each."""
+    mags = np.log2(1.0 + xs[:, _SHAPE_INDEX]).astype(np.int64)
+    if (mags == mags[0]).all():  # the common case: a stretch of decode steps
+        return [tuple(mags[0].tolist())], [np.arange(len(xs))]
+    found, which = np.unique(mags, axis=0, return_inverse=True)
+    which = which.reshape(-1)
+    return [tuple(row) for row in found.tolist()], [
+        np.flatnonzero(which == i) for i in range(len(found))
+    ]
+
+
 @dataclass(frozen=True)
 class Residuals:
     """What the fit got wrong on held-out steps, as measured period over predicted period.
 
-    `runs`: per run fitted (a session of a pooled fit, else a stretch of the one run), the
-    ratio of its held-out steps' measured time to their predicted time: how much slower or
-    faster a whole run went (other work on the machine, another client). `by_shape`: per step
+    `runs`: per stretch of time of each run fitted (`stretches`), the ratio of its held-out
+    steps' measured time to their predicted time: how much slower or faster a run went (other
+    work on the machine, another client), between runs and within one. `by_shape`: per step
     shape (`shape_key`) with at least MIN_POOL held-out steps, each step's ratio over its
     run's: the step-to-step error, which differs by shape (a long prefill's is not a decode's);
     `overall` pools every shape's."""
@@ -81,12 +94,20 @@ class CostModel:
     num_steps: int
     residuals: Residuals = NO_RESIDUALS
 
-    def step_ms(self, x: np.ndarray) -> float:
+    def step_ms(self, x: np.ndarray, step: int = 0) -> float:
         return float(self.step_w @ x)
 
-    def period_ms(self, x: np.ndarray) -> float:
+    def period_ms(self, x: np.ndarray, step: int = 0) -> float:
         """How far a step moves the clock: its own time plus the loop's around it."""
-        return float((self.step_w + self.overhead_w) @ x)
+        return float(self._period_w @ x)
+
+    def periods_ms(self, xs: np.ndarray, first: int = 0) -> np.ndarray:
+        """`period_ms` of each row of `xs`."""
+        return xs @ self._period_w
+
+    @cached_property
+    def _period_w(self) -> np.ndarray:
+        return self.step_w + self.overhead_w
 
     def off_by(self, errors: float) -> "CostModel":
         """This model with every step `errors` held-out errors longer (shorter if negative):
@@ -175,21 +196,30 @@ def fit(steps: list[dict[str, Any]], initial_knobs: dict[str, Any]) -> CostModel
     """Fit from recorded StepTelemetry dicts (in step order) and the session's first knobs.
 
     Raises InvalidInput (`source`) when fewer than MIN_STEPS busy steps are there."""
-    return fit_rows(training_rows(steps, knobs_by_step(initial_knobs, steps)))
+    return fit_pooled([(steps, initial_knobs)])
 
 
 def fit_pooled(sessions: Sequence[tuple[list[dict[str, Any]], dict[str, Any]]]) -> CostModel:
     """Fit on the steps of several sessions of one engine ((steps, first knobs) each), so the
-    held-out errors carry the run-to-run variation between them; InvalidInput as `fit`."""
+    held-out errors carry the run-to-run variation between them and within each; InvalidInput
+    as `fit`."""
     parts = [training_rows(steps, knobs_by_step(knobs, steps)) for steps, knobs in sessions]
     rows = Rows(*(np.concatenate(cols) for cols in zip(*parts, strict=True)))
-    runs = np.concatenate([np.full(len(part.x), i) for i, part in enumerate(parts)])
+    runs = np.concatenate([stretches(i, len(part.x)) for i, part in enumerate(parts)])
     return fit_rows(rows, runs)
+
+
+def stretches(session: int, n: int) -> np.ndarray:
+    """Run labels of a session's `n` rows in order: SEGMENTS stretches of time each, so that a
+    run factor is drawn from the spread between stretches of a run (the machine's other work
+    comes and goes within one) as well as between runs."""
+    return session * SEGMENTS + np.arange(n) * SEGMENTS // max(n, 1)
 
 
 def fit_rows(rows: Rows, runs: np.ndarray | None = None) -> CostModel:
     """Fit from training rows; InvalidInput (`source`) with fewer than MIN_STEPS. `runs` gives
-    each row's run (default: one run, in order, cut into SEGMENTS stretches)."""
+    each row's run or stretch of one (default: one run, in order, cut into SEGMENTS
+    stretches)."""
     x, step_ms, moe_ms, overhead_ms = rows
     if len(x) < MIN_STEPS:
         raise InvalidInput(
@@ -197,24 +227,44 @@ def fit_rows(rows: Rows, runs: np.ndarray | None = None) -> CostModel:
             f"the source has {len(x)}",
             "source",
         )
+    if runs is None:
+        runs = stretches(0, len(x))
+    # the weights are fitted at one speed, the stretches' typical one: least squares over a
+    # session 4x slower than another (a busy machine) took the slow one's costs and bent the
+    # shapes toward its steps (benchmarks/control/twin_accuracy.py)
+    speed = _speeds(rows, runs)
+    typical = Rows(x, step_ms / speed, moe_ms / speed, overhead_ms / speed)
     held = np.arange(len(x)) % HOLDOUT_EVERY == HOLDOUT_EVERY - 1
     train = ~held
-    w_step = _step_weights(x[train], step_ms[train], moe_ms[train])
-    w_over = _fit(x[train], overhead_ms[train], BATCH)
+    w_step = _step_weights(x[train], typical.step_ms[train], typical.moe_ms[train])
+    w_over = _fit(x[train], typical.overhead_ms[train], BATCH)
     period = step_ms[held] + overhead_ms[held]
     predicted = x[held] @ (w_step + w_over)
     mape = float(np.mean(np.abs(predicted - period) / np.maximum(period, 1e-3)))
-    if runs is None or len(np.unique(runs)) < 2:
-        runs = np.arange(len(x)) * SEGMENTS // len(x)
     residuals = _residuals(x[held], period, predicted, runs[held])
     return CostModel(
-        _step_weights(x, step_ms, moe_ms),
-        _fit(x, overhead_ms, BATCH),
+        _step_weights(x, typical.step_ms, typical.moe_ms),
+        _fit(x, typical.overhead_ms, BATCH),
         x.max(axis=0),
         mape,
         len(x),
         residuals,
     )
+
+
+def _speeds(rows: Rows, runs: np.ndarray) -> np.ndarray:
+    """Each row's stretch's speed relative to the median stretch's: the ratio of its measured
+    periods to a fit's, the fit made on the rows at one speed, alternately (SPEED_PASSES)."""
+    x, step_ms, moe_ms, overhead_ms = rows
+    period = step_ms + overhead_ms
+    index = np.unique(runs, return_inverse=True)[1].reshape(-1)
+    speed = np.ones(len(x))
+    for _ in range(SPEED_PASSES):
+        w = _step_weights(x, step_ms / speed, moe_ms / speed) + _fit(x, overhead_ms / speed, BATCH)
+        predicted = np.maximum(x @ w, 1e-3)
+        factors = np.bincount(index, period) / np.maximum(np.bincount(index, predicted), 1e-9)
+        speed = (factors / np.median(factors))[index]
+    return speed
 
 
 def _residuals(

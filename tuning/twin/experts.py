@@ -87,6 +87,24 @@ class ExpertDraw:
             self.drawn[key] = self._sample(tokens, self.by_size[size][i], rng)
         return self.drawn[key]
 
+    def ahead(self, tokens: int, k: int, after: int = 0) -> list[np.ndarray]:
+        """What the `k` draws for steps of `tokens` tokens that follow the next `after` will
+        give, without drawing any (`skip` draws them)."""
+        size = self._size(tokens)
+        used = self.used[size]
+        self.used[size] += after
+        out = [self.draw(tokens) for _ in range(k)]
+        self.used[size] = used
+        return out
+
+    def skip(self, tokens: int, k: int) -> None:
+        """Draw `k` steps of `tokens` tokens, as `draw` would, without handing them out."""
+        self.used[self._size(tokens)] += k
+
+    def _size(self, tokens: int) -> int:
+        """The recorded size the draws for `tokens` tokens come from."""
+        return tokens if tokens in self.by_size else self._nearest(tokens)
+
     def _next(self, size: int) -> int:
         """The index of the next of the recorded steps of `size` tokens, in recorded order."""
         self.used[size] += 1

@@ -2,9 +2,12 @@
 a simulated step: its batch composition and its experts' (and ranks') loads."""
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from engine.scheduler import ScheduledChunk
 
 BATCH = (  # what the dense part of a step (attention, norms, projections) and the loop cost
     "const",  # per-step overhead
@@ -58,6 +61,30 @@ def batch_features(slots: list[dict[str, Any]]) -> list[float]:
         sum(s["tokens"] * s["ctx"] for s in prefill) / 1000,
         len(decode),
         sum(s["ctx"] for s in decode) / 1000,
+    ]
+
+
+def chunk_features(chunks: Sequence[ScheduledChunk]) -> list[float]:
+    """`batch_features` of a step scheduled as `chunks` (the simulator's steps, read without
+    building their telemetry)."""
+    prefill_tokens = prefill_seqs = decode_seqs = 0
+    prefill_attn = decode_ctx = 0
+    for c in chunks:
+        ctx = c.start + c.num_tokens
+        if c.is_prefill:
+            prefill_tokens += c.num_tokens
+            prefill_seqs += 1
+            prefill_attn += c.num_tokens * ctx
+        else:
+            decode_seqs += 1
+            decode_ctx += ctx
+    return [
+        1.0,
+        prefill_tokens,
+        prefill_seqs,
+        prefill_attn / 1000,
+        decode_seqs,
+        decode_ctx / 1000,
     ]
 
 

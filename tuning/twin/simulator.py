@@ -3,11 +3,18 @@
 Requests arrive from a trace; each step is scheduled by the real scheduler, costs what the
 cost model predicts for its composition and expert loads, and is accounted for exactly as
 the engine does (`Scheduler.advance`, then one token per sampling chunk, finishing at the
-recorded output length). Requests share no prefix (each gets distinct token ids, as reruns
-send distinct random prompts), but with prefix caching on a request preempted by recompute
-finds its own full blocks again, as it does in the engine.
+recorded output length). Stretches in which the scheduler's decision is known without
+asking it (every running request decodes its next token: nothing waiting or swapped could
+start, the KV cache holds the stretch's growth) are coasted through:
+their steps are costed together and their bookkeeping done at once, with the same result
+as stepping (the most steps of a what-if are such, and stepping them was most of its time).
+Requests share no prefix (each gets distinct token ids, as reruns send distinct random
+prompts), but with prefix caching on a request preempted by recompute finds its own full
+blocks again, as it does in the engine.
 """
 
+import functools
+import math
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -25,20 +32,26 @@ from engine.scheduler import Scheduler, SchedulerOutput
 from engine.step_telemetry import StepStats, expert_counts_info, step_telemetry
 from engine.telemetry import A2AInfo, Durations, RequestRecord, StepTelemetry
 from tuning.twin.experts import ExpertDraw
-from tuning.twin.features import batch_features, capacity, kept, moe_features
+from tuning.twin.features import FEATURES, capacity, chunk_features, kept, moe_features
 from tuning.twin.trace import TraceItem
 
 PARAMS = {"temperature": 0.0, "ignore_eos": True}
 MAX_STEPS = 2_000_000  # a guard against a schedule that never ends
-QUEUE_MARKS = (0.5, 1.0)  # where the queue is read, as shares of the arrivals' span (horizon)
+COAST_WINDOW = 16  # decode steps costed together at first when coasting
 
 
 class StepCost(Protocol):
-    """What a step of given FEATURES costs (`cost_model.CostModel`, or recorded durations)."""
+    """What the simulation's step number `step` of FEATURES `x` costs (`cost_model.CostModel`,
+    a draw of it, or recorded durations): its own time, and its period (how far it moves the
+    clock). `periods_ms` gives the periods of consecutive steps `first`, `first` + 1, ... with
+    FEATURES rows `xs`. `outside` is monotone: a row no larger than one with nothing outside
+    has nothing outside either."""
 
-    def step_ms(self, x: np.ndarray) -> float: ...
+    def step_ms(self, x: np.ndarray, step: int) -> float: ...
 
-    def period_ms(self, x: np.ndarray) -> float: ...
+    def period_ms(self, x: np.ndarray, step: int) -> float: ...
+
+    def periods_ms(self, xs: np.ndarray, first: int) -> np.ndarray: ...
 
     def outside(self, x: np.ndarray) -> list[str]: ...
 
@@ -91,9 +104,6 @@ class SimResult:
     num_steps: int = 0
     end_s: float = 0.0  # the simulated clock at the end
     cut: list[Cut] = field(default_factory=list)  # the unfinished requests, as far as they got
-    # (time, requests waiting or swapped) at QUEUE_MARKS of the span of arrivals within the
-    # horizon: whether the queue grows (tuning.twin.bands.builds)
-    queued_at: list[tuple[float, int]] = field(default_factory=list)
 
 
 def simulate(
@@ -110,6 +120,13 @@ def simulate(
     sim = _Sim(trace, knobs, setup, model, experts, keep_steps, t0)
     sim.run(horizon_s)
     return sim.result
+
+
+@functools.cache
+def sampling(max_tokens: int, priority: int) -> SamplingParams:
+    """The (frozen) SamplingParams of simulated requests, made once for every run: checking
+    them was a tenth of admitting a request."""
+    return SamplingParams(max_tokens=max_tokens, priority=priority, **PARAMS)
 
 
 def cut_at(req: Request, now: float) -> Cut:
@@ -148,12 +165,7 @@ class _Sim:
 
     def run(self, horizon_s: float | None) -> None:
         sch, res = self.scheduler, self.result
-        last = max((t.offset_s for t in self.trace), default=0.0)
-        span = last if horizon_s is None else min(last, horizon_s)
-        marks = [share * span for share in QUEUE_MARKS] if span > 0 else []
         for _ in range(MAX_STEPS):
-            while marks and self.clock >= marks[0]:
-                res.queued_at.append((marks.pop(0), len(sch.waiting) + len(sch.swapped)))
             if horizon_s is not None and self.clock >= horizon_s:
                 break
             arrived = self._admit_arrivals()
@@ -162,12 +174,13 @@ class _Sim:
                     break
                 self.clock = self.trace[self.next].offset_s
                 continue
+            if not self.keep_steps and self._coast(horizon_s):
+                continue
             out = sch.schedule()
             if not out.chunks and not self._wait_for_arrival():
                 break  # nothing can ever run (a request larger than the cache)
             if out.chunks:
                 self._step(out, arrived)
-        res.queued_at += [(mark, len(sch.waiting) + len(sch.swapped)) for mark in marks]
         res.unfinished = sch.num_unfinished
         res.queue_at_end = len(sch.waiting)
         res.end_s = self.clock
@@ -177,9 +190,7 @@ class _Sim:
         n = 0
         while self.next < len(self.trace) and self.trace[self.next].offset_s <= self.clock:
             item = self.trace[self.next]
-            params = SamplingParams(
-                max_tokens=max(1, item.output_len), priority=item.priority, **PARAMS
-            )
+            params = sampling(max(1, item.output_len), item.priority)
             size = min(max(1, item.prompt_len), self.setup.max_model_len - 1)
             first = (self.next + 1) * self.setup.max_model_len  # ids no other request has
             prompt = list(range(first, first + size))
@@ -201,20 +212,12 @@ class _Sim:
 
     def _step(self, out: SchedulerOutput, arrived: int) -> None:
         res = self.result
+        step = out.step
         tokens = out.num_prefill_tokens + out.num_decode_tokens
         loads = self._loads(self.experts.draw(tokens), tokens)
-        slots = [
-            {
-                "phase": "prefill" if c.is_prefill else "decode",
-                "tokens": c.num_tokens,
-                "ctx": c.start + c.num_tokens,
-            }
-            for c in out.chunks
-        ]
-        x = np.array(batch_features(slots) + loads.moe)  # the step's FEATURES
+        x = np.array(chunk_features(out.chunks) + loads.moe)  # the step's FEATURES
         self._note_outside(x)
-        step_ms = self.model.step_ms(x)
-        self.clock += self.model.period_ms(x) / 1000
+        self.clock += self.model.period_ms(x, step) / 1000
         finished = self._advance(out)
         res.num_steps += 1
         res.peak_kv_blocks = max(res.peak_kv_blocks, self.scheduler.blocks.num_used)
@@ -222,7 +225,133 @@ class _Sim:
         res.routed_pairs += loads.routed
         res.dropped_pairs += loads.dropped
         if self.keep_steps:
+            step_ms = self.model.step_ms(x, step)
             res.steps.append(self._telemetry(out, finished, arrived, loads, step_ms, tokens))
+
+    def _coast(self, horizon_s: float | None) -> bool:
+        """Run the next steps, while the scheduler's decision is known, without asking it:
+        each running request decodes one token, until one of them ends, the next arrival or
+        the horizon comes, or the KV cache could not hold another step's growth. False (and
+        nothing done) when fewer than two steps are so known."""
+        sch, blocks = self.scheduler, self.scheduler.blocks
+        running = sch.running
+        steps = self._coastable()
+        if steps < 2:
+            return False
+        bound = min(
+            self.trace[self.next].offset_s if self.next < len(self.trace) else math.inf,
+            math.inf if horizon_s is None else horizon_s,
+        )
+        times, loads = self._coast_clock(len(running), steps, bound)
+        k = len(times)
+        if k < 2:
+            return False
+        self.experts.skip(len(running), k)
+        sch.step_count += k
+        self.clock = times[-1]
+        res = self.result
+        order = sorted(running, key=sch.policy_key)  # as the scheduler lists their chunks
+        last = 0  # blocks taken by the last step: stepping, the peak came before it
+        size = blocks.block_size
+        for req in order:
+            before = max(len(req.block_table), -(-(req.num_computed_tokens + k - 1) // size))
+            blocks.allocate(req, k)
+            last += len(req.block_table) - before
+            req.output_token_ids += [0] * k  # the tokens first: the blocks' hashes read them
+            req.all_token_ids += [0] * k
+            req.token_times += times
+            req.num_computed_tokens += k
+            blocks.register_full_blocks(req)
+        res.peak_kv_blocks = max(res.peak_kv_blocks, blocks.num_used - last)
+        for req in [r for r in order if len(r.output_token_ids) >= r.params.max_tokens]:
+            sch.finish(req, "length")
+            res.records.append(req.end_record(self.clock))
+        res.num_steps += k
+        res.peak_kv_blocks = max(res.peak_kv_blocks, blocks.num_used)
+        res.routed_pairs += sum(load.routed for load in loads)
+        res.dropped_pairs += sum(load.dropped for load in loads)
+        return True
+
+    def _coastable(self) -> int:
+        """How many steps from now the scheduler surely schedules one decode token of every
+        running request and nothing else: none when one prefills or one swapped or waiting
+        could start; else until the first of them ends, or the KV cache runs out."""
+        sch, blocks = self.scheduler, self.scheduler.blocks
+        running, knobs = sch.running, sch.knobs
+        n = len(running)
+        if (
+            not n
+            or blocks.window
+            or n > knobs.max_num_seqs
+            or n > knobs.max_num_batched_tokens
+            or any(r.num_pending_tokens != 1 or not r.output_token_ids for r in running)
+            or not self._held_back()
+        ):
+            return 0
+        steps = min(r.params.max_tokens - len(r.output_token_ids) for r in running)
+        # each request takes at most a block per block_size steps: check exactly only when
+        # that could run out
+        if n * -(-steps // blocks.block_size) <= blocks.num_allocatable:
+            return steps
+        held = sum(len(r.block_table) for r in running)
+        tokens = np.array([r.num_computed_tokens for r in running])
+        ahead = np.arange(1, steps + 1)
+        need = (-(-(tokens[:, None] + ahead[None, :]) // blocks.block_size)).sum(axis=0) - held
+        return int(np.searchsorted(need, blocks.num_allocatable, side="right"))
+
+    def _held_back(self) -> bool:
+        """Whether no swapped or waiting request can start while the running ones decode: the
+        scheduler's own checks (`Scheduler._schedule_swapped`, `_admit`) made once, for a
+        stretch of decodes only takes blocks and leaves the token budget as it is, so what
+        they refuse now they refuse to its end. Not so for a waiting request with blocks in
+        the prefix cache (losing them to eviction can shrink its prefill): that one is
+        asked each step."""
+        sch = self.scheduler
+        n, knobs = len(sch.running), sch.knobs
+        if n >= knobs.max_num_seqs or not (sch.swapped or sch.waiting):
+            return True
+        budget = knobs.max_num_batched_tokens - n
+        if sch.swapped:  # they go first; nothing is admitted while one is left
+            head = sch.swapped[0]
+            tokens = sch._chunk_len(head, budget, head.in_prefill)
+            return tokens == 0 or not sch.blocks.can_swap_in(head, tokens, sch._watermark())
+        if sch.batching == "static":
+            return True  # the batch runs to its end
+        head = sch._waiting_head()
+        if sch.blocks.prefix_match(head):
+            return False
+        return sch._admit(head, budget, 0, False).blocked is not None
+
+    def _coast_clock(self, n: int, steps: int, bound: float) -> tuple[list[float], list[Loads]]:
+        """The clock after each of at most `steps` decode steps of the `n` running requests,
+        stopping before a step that would start at or after `bound`, and the steps' Loads.
+        Costed COAST_WINDOW steps at a time, doubling: most stretches end at an arrival after
+        a few steps, long before their requests would end."""
+        sch, running = self.scheduler, self.scheduler.running
+        ctx = sum(r.num_computed_tokens for r in running) + n  # the first step's contexts
+        times: list[float] = []
+        loads: list[Loads] = []
+        clock, window = self.clock, COAST_WINDOW
+        while len(times) < steps:
+            done = len(times)
+            m = min(window, steps - done)
+            window *= 2
+            chunk = [self._loads(c, n) for c in self.experts.ahead(n, m, done)]
+            xs = np.empty((m, len(FEATURES)))
+            xs[:, :6] = (1.0, 0.0, 0.0, 0.0, n, 0.0)
+            xs[:, 5] = (ctx + n * np.arange(done, done + m)) / 1000
+            xs[:, 6:] = [load.moe for load in chunk]
+            for period in self.model.periods_ms(xs, sch.step_count + done).tolist():
+                if times and clock >= bound:  # as stepping: an arrival is admitted first
+                    break
+                clock += period / 1000
+                times.append(clock)
+            used = len(times) - done
+            loads += chunk[:used]
+            self._note_outside_rows(xs[:used])
+            if used < m:
+                break
+        return times, loads
 
     def _loads(self, counts: np.ndarray, tokens: int) -> Loads:
         """The Loads of `counts`, drawn for a step of `tokens` (a size the draw hands each
@@ -288,6 +417,13 @@ class _Sim:
             self.result.outside_steps += 1
             for name in names:
                 self.result.outside[name] = self.result.outside.get(name, 0) + 1
+
+    def _note_outside_rows(self, xs: np.ndarray) -> None:
+        """`_note_outside` for each row, asking row by row only when their largest values are
+        outside (`outside` is monotone)."""
+        if len(xs) and self.model.outside(xs.max(axis=0)):
+            for x in xs:
+                self._note_outside(x)
 
     def _telemetry(
         self,
