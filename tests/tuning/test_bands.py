@@ -174,6 +174,10 @@ def test_the_queue_builds_when_later_arrivals_wait_longer_not_when_all_wait_long
     assert not builds(result([2 + 28 * i / 89 for i in range(90)]), items)  # 4x, 20 ms
     # the last third never got its first token: it waited 0.5 s and more when cut off
     assert builds(result([20.0] * 90, cut_after=60), items)
+    # a live twin's snapshot: requests that arrived long before it count with the first stretch
+    early = result(rising)
+    early.records += [ended(-30.0 - i, 20.0) for i in range(5)]
+    assert builds(early, items)
 
 
 def decode_only(steps: list[dict[str, Any]], factor: float) -> list[dict[str, Any]]:

@@ -144,17 +144,22 @@ def builds(result: SimResult, trace: list[TraceItem]) -> bool:
     if span <= 0:
         return False
     waits: list[list[float]] = [[] for _ in range(STRETCHES)]
+
+    def stretch(arrival: float) -> list[float]:
+        # a live twin's requests that arrived before its snapshot count with the first stretch
+        return waits[min(STRETCHES - 1, max(0, int(STRETCHES * arrival / span)))]
+
     tpots = []
     for r in result.records:
         if r.ttft_ms is not None and r.arrival <= span:
-            waits[min(STRETCHES - 1, int(STRETCHES * r.arrival / span))].append(r.ttft_ms)
+            stretch(r.arrival).append(r.ttft_ms)
         if r.output_len > 1 and r.ttft_ms is not None:
             tpots.append(stats.tpot_span(r.ttft_ms, r.e2e_ms, r.output_len))
     for c in result.cut:
         arrival = result.end_s - c.waited_ms / 1000
         wait = c.waited_ms if c.ttft_ms is None else c.ttft_ms
         if arrival <= span:
-            waits[min(STRETCHES - 1, max(0, int(STRETCHES * arrival / span)))].append(wait)
+            stretch(arrival).append(wait)
     known = [t for t in tpots if t is not None]
     if not waits[0] or not any(waits[1:]):
         return False
