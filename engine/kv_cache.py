@@ -171,15 +171,19 @@ class BlockManager:
         """Give a fresh request its prefix-cache hits; its computed tokens start after them."""
         self.prefix_queries += req.num_tokens
         self.prefix_hits += len(matched) * self.block_size
-        for block_id in matched:
+        self.share(matched)
+        req.block_table = list(matched)
+        req.num_hashed_blocks = len(matched)
+        req.num_computed_tokens = len(matched) * self.block_size
+
+    def share(self, block_ids: list[int]) -> None:
+        """Take one more reference on each block (a cached one is used again)."""
+        for block_id in block_ids:
             block = self.blocks[block_id]
             if block.ref_count == 0:
                 self.cached.pop(block_id)
                 self.num_used += 1
             block.ref_count += 1
-        req.block_table = list(matched)
-        req.num_hashed_blocks = len(matched)
-        req.num_computed_tokens = len(matched) * self.block_size
 
     def hit_blocks_in_use(self, matched: list[int]) -> int:
         """How many of the matched blocks are already used (sharing them costs nothing)."""
@@ -280,15 +284,21 @@ class BlockManager:
         num_full = min(req.num_computed_tokens // self.block_size, len(req.block_table))
         if num_full <= req.num_hashed_blocks:
             return
-        hashes = self._block_hashes(req, num_full)
-        bs = self.block_size
-        for i in range(req.num_hashed_blocks, num_full):
-            block = self.blocks[req.block_table[i]]
-            if block.hash is None and hashes[i] not in self.hash_to_block:
-                block.hash = hashes[i]
-                block.token_ids = tuple(req.all_token_ids[i * bs : (i + 1) * bs])
-                self.hash_to_block[hashes[i]] = block.block_id
+        self._block_hashes(req, num_full)
+        self.hash_entries(req, req.block_table, req.num_hashed_blocks, num_full)
         req.num_hashed_blocks = num_full
+
+    def hash_entries(self, req: Request, table: list[int], start: int, end: int) -> None:
+        """Hash the blocks of `table` at positions [start, end) with the request's chain
+        hashes (computed), unless a block already holds those tokens."""
+        bs = self.block_size
+        for i in range(start, end):
+            block = self.blocks[table[i]]
+            h = req.block_hashes[i]
+            if block.hash is None and h not in self.hash_to_block:
+                block.hash = h
+                block.token_ids = tuple(req.all_token_ids[i * bs : (i + 1) * bs])
+                self.hash_to_block[h] = block.block_id
 
     def can_swap_out(self, req: Request) -> bool:
         return len(req.block_table) <= len(self.host_free)

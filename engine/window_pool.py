@@ -153,27 +153,15 @@ class WindowPool(BlockManager):
         """Give a fresh request the window's blocks of its prefix hit."""
         found = self.lookup(req, num_hit_blocks)
         assert found is not None, "prefix hit not held by the window pool"
-        for block_id in found:
-            block = self.blocks[block_id]
-            if block.ref_count == 0:
-                self.cached.pop(block_id)
-                self.num_used += 1
-            block.ref_count += 1
+        self.share(found)
         first = num_hit_blocks - len(found)
         req.window_table = [PLACEHOLDER] * first + found
         req.window_first = first
 
     def hash_blocks(self, req: Request, start: int, end: int) -> None:
         """Hash live blocks [start, end) with the chain hashes the full pool computed."""
-        bs = self.block_size
         table = req.window_table
-        for i in range(max(start, req.window_first), min(end, len(table))):
-            block = self.blocks[table[i]]
-            h = req.block_hashes[i]
-            if block.hash is None and h not in self.hash_to_block:
-                block.hash = h
-                block.token_ids = tuple(req.all_token_ids[i * bs : (i + 1) * bs])
-                self.hash_to_block[h] = block.block_id
+        self.hash_entries(req, table, max(start, req.window_first), min(end, len(table)))
 
     def drop(self, req: Request) -> None:
         """Release every live entry of the request."""
