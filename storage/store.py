@@ -3,6 +3,7 @@ Alembic revisions in storage/migrations, and the refusal of a database newer tha
 
 import functools
 import json
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -70,13 +71,24 @@ def make_engine(url: str, timeout_s: float = 5.0) -> Engine:
         kwargs["connect_args"] = {"connect_timeout": max(1, round(timeout_s))}
     engine = create_engine(url, **kwargs)
     if parsed.get_backend_name() == "sqlite":
-        event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "connect", functools.partial(_sqlite_pragmas, timeout_s))
     return engine
 
 
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+def _sqlite_pragmas(timeout_s: float, dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
+    # Switching to WAL takes an exclusive lock and SQLite answers BUSY at once rather than wait
+    # on the busy timeout: when several servers open a new database together, all but one try
+    # again until the first has switched it (then the pragma is a no-op) or the timeout passes.
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            break
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
