@@ -75,6 +75,7 @@ class Look:
     t: float  # seconds from the run's first arrival
     twin: dict[str, float | None]
     candidate: dict[str, float | None]  # the twin's for the candidate (in a defaults run)
+    refused: dict[str, str]  # why the twin would not predict the candidate (in a defaults run)
     measured: dict[str, float | None]
     simulated: dict[str, int]
     unfinished: dict[str, float]
@@ -165,7 +166,7 @@ def look(
         snapshot = QueueSnapshot(t, Knobs(**knobs), 0, [], queue_at(records, t))
         recent = [r for r in records if t - KEEP_S <= r["finished_t"] <= t]
         inputs = (session["config"], stacked(loads, top_k), stack(rows.rows()), recent, snapshot)
-        now = Look(kind, repeat, t_rel, {}, {}, {}, {}, {}, {}, {})
+        now = Look(kind, repeat, t_rel, {}, {}, {}, {}, {}, {}, {}, {})
         for ask, (asked_s, least) in ASKS.items():
             window_s = min(asked_s, arrival_window(t_rel))  # a young server's, as the runner's
             horizon = stretched_horizon(snapshot.requests, recent, t, window_s, args.horizon, least)
@@ -188,6 +189,8 @@ def look(
             if kind == "defaults":
                 candidate = evaluate(twin, args.changes, args.slo, horizon)
                 now.candidate[ask] = candidate.slo_attainment
+                if candidate.refused:
+                    now.refused[ask] = candidate.refused
         out.append(now)
         t_rel += args.every
     return out
@@ -296,6 +299,9 @@ def summarize(looks: list[Look]) -> dict[str, Any]:
             "predicted": mean([p for p, _ in pairs]),
             "measured": mean([m for _, m in pairs]),
             "agree": sum((p > 0) == (m > 0) for p, m in pairs),
+            # a candidate whose steps lie beyond the run's recorded ones is refused, as the
+            # autopilot's looks refuse it; how often depends on what the run happened to record
+            "refused": sum(ask in x.refused for x in looks if x.kind == "defaults"),
         }
     return {"levels": levels, "gains": gain}
 
@@ -343,13 +349,13 @@ def render(args: argparse.Namespace, argv: list[str], out: dict[str, Any], wall:
         "runs: the twin's there, and measured (the candidate's run at the same look less the "
         "defaults'):",
         "",
-        "| asked | looks | predicted | measured | same sign |",
-        "| --- | --- | --- | --- | --- |",
+        "| asked | looks | predicted | measured | same sign | refused |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for ask, v in out["summary"]["gains"].items():
         lines.append(
             f"| {ask} | {v['looks']} | {pct(v['predicted'], True)} | "
-            f"{pct(v['measured'], True)} | {v['agree']} of {v['looks']} |"
+            f"{pct(v['measured'], True)} | {v['agree']} of {v['looks']} | {v['refused']} |"
         )
     return "\n".join(lines)
 
