@@ -15,7 +15,6 @@ from engine.expert_loads import ExpertLoads
 from engine.gc_heap import freeze_heap
 from engine.knob_versions import KnobVersions
 from engine.knobs import Knobs, validate_knobs
-from engine.kv_cache import BlockManager
 from engine.launched import ComputeThread, Launched, step_durations
 from engine.outputs import RequestDelta, StepResult
 from engine.request import Request, auto_request_id
@@ -28,7 +27,7 @@ from engine.step_records import Executed
 from engine.step_telemetry import EPInfo, StepStats, a2a_info, expert_info, step_telemetry
 from engine.telemetry import KnobChange, RequestRecord
 from engine.threads import ThreadGovernor
-from engine.window_pool import WindowedBlocks, sized_cache
+from engine.window_pool import block_manager, sized_cache
 
 
 class LLMEngine:
@@ -54,23 +53,7 @@ class LLMEngine:
         self.model = self.runner.model
         self.model_config = self.model.cfg
         cache = cfg.cache
-        self.blocks = (
-            WindowedBlocks(
-                cache.num_blocks,
-                cache.window_blocks,
-                cache.block_size,
-                cache.num_host_blocks,
-                cache.enable_prefix_caching,
-                self.model_config.sliding_window,
-            )
-            if cache.window_blocks
-            else BlockManager(
-                cache.num_blocks,
-                cache.block_size,
-                cache.num_host_blocks,
-                cache.enable_prefix_caching,
-            )
-        )
+        self.blocks = block_manager(cfg.cache, self.model_config.sliding_window)
         self.requests: dict[str, Request] = {}
         self.knob_versions = KnobVersions(self._validate_knobs(cfg.knobs.model_dump()))
         self.blocks.set_usable(self.knobs.kv_capacity_blocks or cache.num_blocks)

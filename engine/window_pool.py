@@ -17,7 +17,7 @@ preempted requests already do.
 from collections.abc import Iterable
 from dataclasses import replace
 
-from engine.config import EngineConfig, ModelConfig
+from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.kv_cache import BlockManager, KVStats, OutOfBlocks
 from engine.model.loader import model_config, sized_by_kv_memory
 from engine.request import Request
@@ -314,3 +314,21 @@ class WindowedBlocks(BlockManager):
     def drop_swapped(self, req: Request) -> None:
         super().drop_swapped(req)
         self.pool.drop_host(req)
+
+
+def block_manager(cache: CacheConfig, window: int) -> BlockManager:
+    """The KV blocks an engine of `cache` keeps (the engine's, and the twin's simulated
+    ones): two pools when the model's sliding layers got their own (`cache.window_blocks`,
+    `window` positions each reads), else one."""
+    if cache.window_blocks:
+        return WindowedBlocks(
+            cache.num_blocks,
+            cache.window_blocks,
+            cache.block_size,
+            cache.num_host_blocks,
+            cache.enable_prefix_caching,
+            window,
+        )
+    return BlockManager(
+        cache.num_blocks, cache.block_size, cache.num_host_blocks, cache.enable_prefix_caching
+    )

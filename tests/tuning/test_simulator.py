@@ -1,7 +1,10 @@
 """The twin's simulator makes the engine's scheduling decisions when it is given the engine's
 own step durations."""
 
+import importlib
 import random
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -10,7 +13,6 @@ from test_attribution import EXPERTS, Cost, sim_setup
 
 import stats
 from engine import LLMEngine, SamplingParams
-from engine.config import CacheConfig
 from engine.ep.placement import Placement
 from engine.knobs import Knobs
 from tuning.twin.experts import ExpertDraw, routing
@@ -42,6 +44,17 @@ KNOB_SETS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def gpt_oss(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    engine_tests = str(Path(__file__).parents[1] / "engine")  # the checkpoint writers
+    sys.path.insert(0, engine_tests)
+    try:
+        checkpoints = importlib.import_module("hf_checkpoints")
+    finally:
+        sys.path.remove(engine_tests)
+    return Path(checkpoints.make_gpt_oss_checkpoint(tmp_path_factory.mktemp("gpt_oss"), seed=3))
+
+
 class RecordedCost:
     """Each simulated step costs what the engine's step of the same number took."""
 
@@ -69,12 +82,16 @@ def workload(seed: int) -> list[tuple[int, int, int, int]]:
 
 
 def run_engine(
-    knobs: dict[str, Any], work: list[tuple[int, int, int, int]], caching: bool = False
+    knobs: dict[str, Any],
+    work: list[tuple[int, int, int, int]],
+    caching: bool = False,
+    model: str = MODEL,
 ) -> tuple[list[dict[str, Any]], list[TraceItem]]:
     """Drive the engine on a clock that each step advances by its own measured duration;
     a request arrives at the clock's value when the engine reaches its arrival step (at
     once if the engine is idle). Returns the telemetry and the trace as arrived."""
-    engine = LLMEngine(model=MODEL, **ENGINE, enable_prefix_caching=caching, **knobs)
+    engine = LLMEngine(model=model, **ENGINE, enable_prefix_caching=caching, **knobs)
+    vocab = min(256, engine.model_config.vocab_size)
     rng = random.Random(1)
     clock, steps, trace, pending = 0.0, [], [], list(work)
     while pending or engine.has_unfinished():
@@ -84,7 +101,7 @@ def run_engine(
                 max_tokens=output_len, temperature=0.0, ignore_eos=True, priority=priority
             )
             engine.add_request(
-                [rng.randrange(256) for _ in range(prompt_len)], params, arrival=clock
+                [rng.randrange(vocab) for _ in range(prompt_len)], params, arrival=clock
             )
             trace.append(TraceItem(clock, prompt_len, output_len, priority))
         record = engine.step().telemetry.model_dump()
@@ -93,15 +110,19 @@ def run_engine(
     return steps, trace
 
 
-def engine_setup(caching: bool) -> Setup:
-    """The simulated twin of the engine `run_engine` drives."""
-    cfg = LLMEngine(model=MODEL, **ENGINE).model_config
+def engine_setup(caching: bool, model: str = MODEL, knobs: dict[str, Any] | None = None) -> Setup:
+    """The simulated twin of the engine `run_engine` drives (its cache as the engine sized it
+    for `knobs`: a sliding-window model's window pool depends on them)."""
+    engine = LLMEngine(model=model, **ENGINE, enable_prefix_caching=caching, **(knobs or {}))
+    cfg = engine.model_config
+    engine.close()
     return Setup(
-        CacheConfig(block_size=8, num_blocks=16, enable_prefix_caching=caching),
+        engine.config.cache,
         "continuous",
         Placement.contiguous(cfg.num_layers, cfg.num_experts, 1),
         cfg.hidden_size * 4,
         cfg.max_model_len,
+        cfg.sliding_window,
     )
 
 
@@ -124,14 +145,19 @@ def test_simulator_schedules_as_the_engine_did(
 ) -> None:
     """With prefix caching on, a request preempted by recompute finds its own blocks again
     in both (the prompts share no prefix)."""
-    steps, trace = run_engine(knobs, workload(seed), caching)
+    check_simulated_as_run(knobs, seed, caching, MODEL)
+
+
+def check_simulated_as_run(knobs: dict[str, Any], seed: int, caching: bool, model: str) -> None:
+    """The simulator, given the engine's step durations, makes each of its decisions."""
+    steps, trace = run_engine(knobs, workload(seed), caching, model)
     engine_ids = {}
     for step in steps:
         for slot in step["batch"]["slots"]:
             engine_ids.setdefault(slot["req"], int(slot["req"].split("-")[1]))
     order = {rid: i for i, rid in enumerate(sorted(engine_ids, key=engine_ids.get))}
 
-    setup = engine_setup(caching)
+    setup = engine_setup(caching, model, knobs)
     durations = [s["dur_ms"]["total"] for s in steps]
     full = Knobs.model_validate({**Knobs().model_dump(), **knobs})
     sim = simulate(
@@ -145,6 +171,21 @@ def test_simulator_schedules_as_the_engine_did(
     assert sim.peak_kv_blocks == max(s["kv"]["used"] for s in steps)
     assert sim.preemptions == sum(s["queue"]["preempted"] for s in steps)
     assert sim.end_s == pytest.approx(sum(durations) / 1000)
+    kv = ("used", "window_used", "behind_window")
+    assert [[s["kv"][k] for k in kv] for s in sim_steps] == [
+        [s["kv"][k] for k in kv] for s in steps
+    ]
+
+
+@pytest.mark.parametrize("knobs", KNOB_SETS[:2])
+@pytest.mark.parametrize("caching", [False, True])
+def test_a_sliding_window_model_is_simulated_with_its_window_pool(
+    gpt_oss: Path, knobs: dict[str, Any], caching: bool
+) -> None:
+    """gpt-oss's sliding layers keep a pool of their own that gives back blocks behind the
+    window: the simulator keeps the same two pools, so each step holds, and gives back, the
+    blocks the engine's did in both (with one pool the window's columns read 0)."""
+    check_simulated_as_run(knobs, 0, caching, str(gpt_oss))
 
 
 def test_a_capacity_factor_drops_exactly_what_the_recorded_loads_would() -> None:

@@ -25,12 +25,12 @@ import stats
 from engine.config import Batching, CacheConfig
 from engine.ep.placement import Placement, gather_bytes, imbalance
 from engine.knobs import Knobs
-from engine.kv_cache import BlockManager
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.step_telemetry import StepStats, expert_counts_info, step_telemetry
 from engine.telemetry import A2AInfo, Durations, RequestRecord, StepTelemetry
+from engine.window_pool import block_manager
 from tuning.twin.experts import ExpertDraw
 from tuning.twin.features import FEATURES, capacity, chunk_features, kept, moe_features
 from tuning.twin.trace import TraceItem
@@ -65,6 +65,7 @@ class Setup:
     placement: Placement
     row_bytes: int  # hidden size x element size: one token row in the all-to-all
     max_model_len: int
+    sliding_window: int = 0  # positions a sliding layer reads (its own pool: cache.window_blocks)
 
 
 class Cut(NamedTuple):
@@ -153,9 +154,7 @@ class _Sim:
         t0: float,
     ) -> None:
         cache = setup.cache
-        blocks = BlockManager(
-            cache.num_blocks, cache.block_size, cache.num_host_blocks, cache.enable_prefix_caching
-        )
+        blocks = block_manager(cache, setup.sliding_window)
         blocks.set_usable(knobs.kv_capacity_blocks or cache.num_blocks)
         self.scheduler = Scheduler(blocks, knobs, setup.batching)
         self.setup, self.model, self.experts = setup, model, experts

@@ -138,7 +138,14 @@ def engine_setup(config: dict[str, Any]) -> tuple[Setup, dict[str, Any]]:
     moe_layers = model_cfg["num_layers"] - model_cfg.get("first_k_dense_replace", 0)
     placement = Placement.contiguous(moe_layers, model_cfg["num_experts"], ep)
     row_bytes = model_cfg["hidden_size"] * ELEMENT_BYTES.get(engine_cfg["dtype"], 4)
-    setup = Setup(cache, engine_cfg["batching"], placement, row_bytes, model_cfg["max_model_len"])
+    setup = Setup(
+        cache,
+        engine_cfg["batching"],
+        placement,
+        row_bytes,
+        model_cfg["max_model_len"],
+        model_cfg.get("sliding_window", 0),
+    )
     context = {
         "total_blocks": cache.num_blocks,
         "min_blocks": 1,
