@@ -156,16 +156,23 @@ class BlockManager:
             return []
         num_full = (req.num_tokens - 1) // self.block_size
         matched = []
-        bs = self.block_size
         for i, h in enumerate(self._block_hashes(req, num_full)):
-            block_id = self.hash_to_block.get(h)
+            block_id = self.cached_block(req, i, h)
             if block_id is None:
-                break
-            tokens = tuple(req.all_token_ids[i * bs : (i + 1) * bs])
-            if self.blocks[block_id].token_ids != tokens:
                 break
             matched.append(block_id)
         return matched
+
+    def cached_block(self, req: Request, i: int, block_hash: int) -> int | None:
+        """The cached block holding the request's block `i` (chain hash `block_hash`), its
+        tokens checked one by one: a hash collision is no hit."""
+        block_id = self.hash_to_block.get(block_hash)
+        bs = self.block_size
+        if block_id is None or self.blocks[block_id].token_ids != tuple(
+            req.all_token_ids[i * bs : (i + 1) * bs]
+        ):
+            return None
+        return block_id
 
     def admit(self, req: Request, matched: list[int]) -> None:
         """Give a fresh request its prefix-cache hits; its computed tokens start after them."""

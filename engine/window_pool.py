@@ -134,13 +134,11 @@ class WindowPool(BlockManager):
     def lookup(self, req: Request, num_hit_blocks: int) -> list[int] | None:
         """Cached blocks covering the window before a prefix hit of `num_hit_blocks` blocks
         (their ids from the first one read), or None when one is not held."""
-        bs = self.block_size
-        first = self.first_read(num_hit_blocks * bs)
+        first = self.first_read(num_hit_blocks * self.block_size)
         found = []
         for i in range(first, num_hit_blocks):
-            block_id = self.hash_to_block.get(req.block_hashes[i])
-            tokens = tuple(req.all_token_ids[i * bs : (i + 1) * bs])
-            if block_id is None or self.blocks[block_id].token_ids != tokens:
+            block_id = self.cached_block(req, i, req.block_hashes[i])
+            if block_id is None:
                 return None
             found.append(block_id)
         return found
