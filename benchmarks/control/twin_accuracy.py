@@ -8,7 +8,8 @@ same engine, one before the replays and one after them. The twin is the pooled t
 those two recordings (`tuning.twin.whatif.twin_from_recordings`); it predicts each of the
 shape's settings as a median and an 80% band over its simulations (`tuning.twin.bands`),
 with the share of them in which the queue builds. The ground truth is the median of three
-replays of the same arrivals over HTTP to one server (not recording) under each setting,
+replays of the same arrivals (their times and lengths; each replay's prompts its own words,
+so that none hits the prefix cache another left) over HTTP to one server under each setting,
 PATCHed before each replay, measured by the load generator as a user measures it; the
 rounds start at a different setting, so that drift falls evenly on all, after the server
 warmed up on the first WARMUP_S of the arrivals (a user's server has run before: a fresh
@@ -76,6 +77,7 @@ TARGETS = {
 STATUS_POLL_S = 0.25
 RECORDINGS = 2  # sessions of the defaults the twin pools
 WARMUP_S = 3.0  # of the arrivals sent to the replay server, unmeasured, before its replays
+WARMUP_SEED, REPLAY_SEEDS = 99, 1000  # past the recordings' seeds (seed + 0, 1, ...)
 
 
 @dataclass(frozen=True)
@@ -275,13 +277,14 @@ def replays(
         with serving(args, db) as (url, client):
             # a fresh server's first steps run 10-100x slower (allocations, thread pools):
             # unwarmed, the first replay (the defaults') measured that, not the settings
-            load(url, [a for a in arrivals if a.t < WARMUP_S], args.seed + 99)
+            load(url, [a for a in arrivals if a.t < WARMUP_S], args.seed + WARMUP_SEED)
             wait_idle(client)
             for n, (r, name, key) in enumerate(todo, 1):
                 client.patch(
                     "/api/knobs", json=knobs[name], params={"origin": "twin-accuracy"}
                 ).raise_for_status()
-                run = measured(load(url, arrivals, args.seed + 100 + r))
+                seed = replay_seed(args.seed, r, names.index(name), len(names))
+                run = measured(load(url, arrivals, seed))
                 wait_idle(client)
                 cache.put(key, run)
                 runs[name].append(run)
@@ -290,6 +293,13 @@ def replays(
                     f"TTFT p90 {run['ttft_p90_ms']:.0f} ms, TPOT p50 {run['tpot_p50_ms']:.1f} ms"
                 )
     return runs
+
+
+def replay_seed(seed: int, round_: int, setting: int, settings: int) -> int:
+    """The load seed of a replay: its prompts are words of its own, since the same words again
+    hit the prefix cache that the replays before left (46-52% of prompt tokens did), which
+    the twin of the recordings (each on a fresh server, seeds `seed` + 0, 1, ...) never sees."""
+    return seed + REPLAY_SEEDS + round_ * settings + setting
 
 
 def _slug(name: str) -> str:

@@ -50,3 +50,12 @@ def test_the_shapes_differ_as_named() -> None:
     )
     share = bench.BURST_S / bench.BURST_EVERY
     assert in_bursts > 2 * share * len(bursty)  # arrivals bunch in the bursts
+
+
+def test_every_replay_sends_prompts_of_its_own() -> None:
+    """Two loads with one seed send the same words, which the second finds in the prefix cache
+    the first left: no replay shares a seed with another, the recordings or the warm-up."""
+    rounds, settings = 3, 7
+    seeds = [bench.replay_seed(5, r, i, settings) for r in range(rounds) for i in range(settings)]
+    others = {5 + n for n in range(bench.RECORDINGS)} | {5 + bench.WARMUP_SEED}
+    assert len(set(seeds)) == rounds * settings and not others & set(seeds)
