@@ -157,7 +157,8 @@ def ended(arrival: float, wait_ms: float, tpot_ms: float = 5.0, output: int = 11
 def test_the_queue_builds_when_later_arrivals_wait_longer_not_when_all_wait_long() -> None:
     """Arrivals over 9 s: a wait that grows from 20 ms to 400 ms is a queue building; 400 ms
     from the start is a long wait, not a queue that builds; 2 ms to 30 ms is within 10 steps
-    of 5 ms (cut off at a horizon, the unfinished count as far as they got)."""
+    of 5 ms (cut off at a horizon, the unfinished count as far as they got); bursts that
+    drain are no queue building, long waits that come only later are."""
     items = [TraceItem(t / 10, 16, 11) for t in range(90)]
 
     def result(waits: list[float], cut_after: int | None = None) -> SimResult:
@@ -178,6 +179,13 @@ def test_the_queue_builds_when_later_arrivals_wait_longer_not_when_all_wait_long
     early = result(rising)
     early.records += [ended(-30.0 - i, 20.0) for i in range(5)]
     assert builds(early, items)
+    # bursts every 3 s that queue and drain again: a long wait now and then, no trend
+    bursty = [300.0 if (t.offset_s - 1.0) % 3.0 < 0.6 else 20.0 for t in items]
+    assert not builds(result(bursty), items)
+    # a few requests of the last third preempted again and again: the median wait stays, the
+    # mean grows (a KV cap's thrash)
+    thrash = [3000.0 if i >= 60 and i % 4 == 0 else 20.0 for i in range(90)]
+    assert builds(result(thrash), items)
 
 
 def decode_only(steps: list[dict[str, Any]], factor: float) -> list[dict[str, Any]]:

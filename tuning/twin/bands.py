@@ -34,8 +34,8 @@ from tuning.twin.trace import TraceItem
 DRAWS = 10  # simulations per what-if (the nominal one and DRAWS - 1 drawn)
 BAND = (10.0, 90.0)  # percentiles of the draws: an 80% band
 JITTER_S = 0.02  # an arrival lands up to this much earlier or later
-STRETCHES = 3  # the arrivals' span cut in these, to see whether the queue's wait grows
-RISE = 3.0  # the queue builds: a later stretch's median wait is this many times the first's
+STRETCHES = 3  # the first of these stretches of the arrivals' span met an empty engine
+RISE = 3.0  # the queue builds: the wait's trend rises this many times the first's median
 RISE_STEPS = 10  # ... and longer by at least this many steps
 SATURATED = 0.5  # flagged "the queue builds": in at least this share of the draws
 UNIFORM_BLOCK = 4096  # uniforms drawn at a time, as the steps reach them
@@ -132,41 +132,40 @@ def restart(experts: ExpertDraw, seed: int | None) -> None:
 
 
 def builds(result: SimResult, trace: list[TraceItem]) -> bool:
-    """Whether the queue built over the horizon: the requests arriving in a later stretch of
-    the arrivals' span (STRETCHES of them) waited for their first token (or so far, when cut
-    off) at the median at least RISE times as long as those of the first, which met an
-    empty engine, and by at least RISE_STEPS steps (the median TPOT). A queue that grows
-    with the arrivals, not a wait that is long from the start; a measured TTFT p90 at least
-    3x an unsaturated setting's (benchmarks/control/twin_accuracy.py) comes with it."""
+    """Whether the queue built over the horizon: the wait for a first token (or so far, when
+    cut off) grew with the arrival time, its least-squares slope over the arrivals' span
+    rising at least RISE times the median wait of the first of STRETCHES stretches (which met
+    an empty engine) and by at least RISE_STEPS steps (the median TPOT). A wait that grows
+    with the arrivals, not one long from the start, nor bursts that queue and drain (they
+    made a later stretch's median wait RISE times the first's in 9 of 10 simulations of an
+    unsaturated bursty load: benchmarks/control/twin_accuracy.py); least squares, not a
+    robust fit, so that the long waits of requests preempted under a KV cap count."""
     span = max((t.offset_s for t in trace), default=0.0)
     if result.end_s < span:
         span = result.end_s  # a horizon cut the arrivals short
     if span <= 0:
         return False
-    waits: list[list[float]] = [[] for _ in range(STRETCHES)]
-
-    def stretch(arrival: float) -> list[float]:
-        # a live twin's requests that arrived before its snapshot count with the first stretch
-        return waits[min(STRETCHES - 1, max(0, int(STRETCHES * arrival / span)))]
-
-    tpots = []
+    arrivals, waits, tpots = [], [], []
     for r in result.records:
         if r.ttft_ms is not None and r.arrival <= span:
-            stretch(r.arrival).append(r.ttft_ms)
+            arrivals.append(r.arrival)
+            waits.append(r.ttft_ms)
         if r.output_len > 1 and r.ttft_ms is not None:
             tpots.append(stats.tpot_span(r.ttft_ms, r.e2e_ms, r.output_len))
     for c in result.cut:
         arrival = result.end_s - c.waited_ms / 1000
-        wait = c.waited_ms if c.ttft_ms is None else c.ttft_ms
         if arrival <= span:
-            stretch(arrival).append(wait)
-    known = [t for t in tpots if t is not None]
-    if not waits[0] or not any(waits[1:]):
+            arrivals.append(arrival)
+            waits.append(c.waited_ms if c.ttft_ms is None else c.ttft_ms)
+    # a live twin's requests that arrived before its snapshot count as arriving at it
+    at, wait = np.maximum(np.array(arrivals), 0.0), np.array(waits)
+    first = wait[at < span / STRETCHES]
+    if len(first) == 0 or len(np.unique(at)) < 2:
         return False
-    first = float(np.median(waits[0]))
-    later = max(float(np.median(w)) for w in waits[1:] if w)
+    rise = float(np.polyfit(at, wait, 1)[0]) * span
+    known = [t for t in tpots if t is not None]
     step = float(np.median(known)) if known else 0.0
-    return later >= RISE * first and later - first >= RISE_STEPS * step
+    return rise >= RISE * float(np.median(first)) and rise >= RISE_STEPS * step
 
 
 def band(values: Sequence[float | None]) -> tuple[float | None, list[float | None]]:
