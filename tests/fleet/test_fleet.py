@@ -218,7 +218,8 @@ def test_the_autopilot_runs_on_the_replica_it_is_started_on(client: httpx.Client
 
 def test_replay_rerun_and_whatif_of_one_replicas_session(client: httpx.Client, fleet: Any) -> None:
     """A replica's recorded session replayed through the ingress, rerun on that replica's
-    engine (a new session tagged with it), and compared in that replica's twin."""
+    engine (a new session tagged with it), and compared in that replica's twin (or refused
+    there, by the twin's own check, when its few steps cannot predict the candidate)."""
     row = live_rows(client)[1]
     rid, sid = row["replica"], row["session"]
     body = {"model": MODEL, "prompt": "replay", "max_tokens": 24, "ignore_eos": True}
@@ -256,6 +257,12 @@ def test_replay_rerun_and_whatif_of_one_replicas_session(client: httpx.Client, f
 
     body = {"knobs": {"max_num_seqs": 4}, "source": sid, "horizon_s": 5}
     compared = client.post(f"/api/whatif?replica={rid}", json=body)
+    if compared.status_code == 422:
+        # the replica's twin simulated its session but refused: its simulated batches outgrew
+        # the few recorded ones (which steps the replica batched together is up to timing)
+        error = compared.json()["error"]
+        assert error["param"] == "knobs" and "simulated steps lie far beyond" in error["message"]
+        return
     assert compared.status_code == 200, compared.text
     assert compared.json()["source"] == sid
     assert compared.json()["current"] and compared.json()["candidate"]
