@@ -25,6 +25,11 @@ ROUTING_STATS_PERIOD_S = 1.0
 MAX_ONGOING = 1024  # per replica; the engine queues what it cannot run yet
 
 
+# Ray Serve kills an HTTP proxy that is not ready within 3 checks of 5 s; on a loaded 2-core
+# machine the proxy's worker took longer to start, was killed, and serve.start failed (CI)
+PROXY_ENV = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "30"}
+
+
 @dataclass
 class FleetSpec:
     """What to start. `engine_args` and `settings` are those of `moescope serve`."""
@@ -70,7 +75,10 @@ def start(spec: FleetSpec) -> Fleet:
         )
     fleet_run = time.strftime("fleet-%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     registry = Registry.options(name=NAME, namespace=NAMESPACE).remote(fleet_run)  # type: ignore[attr-defined]
-    serve.start(http_options={"host": spec.host, "port": spec.port})
+    serve.start(
+        http_options={"host": spec.host, "port": spec.port},
+        controller_options={"runtime_env": {"env_vars": PROXY_ENV}},
+    )
     replica = serve.deployment(
         name="EngineReplica",
         num_replicas=spec.replicas,

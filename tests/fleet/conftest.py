@@ -32,14 +32,18 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         cpus_per_replica=0.5,
         port=free_port(),
     )
-    running = start(spec)
+    import ray
+
+    try:
+        running = start(spec)
+    except BaseException:
+        ray.shutdown()  # a half-started Serve must not fail the next module's fleet too
+        raise
     running.db = db  # type: ignore[attr-defined]
     try:
         yield running
     finally:
         running.stop()
-        import ray
-
         ray.shutdown()
 
 
