@@ -53,7 +53,7 @@ class LLMEngine:
         self.model = self.runner.model
         self.model_config = self.model.cfg
         cache = cfg.cache
-        self.blocks = block_manager(cfg.cache, self.model_config.sliding_window)
+        self.blocks = block_manager(cache, self.model_config.sliding_window)
         self.requests: dict[str, Request] = {}
         self.knob_versions = KnobVersions(self._validate_knobs(cfg.knobs.model_dump()))
         self.blocks.set_usable(self.knobs.kv_capacity_blocks or cache.num_blocks)
